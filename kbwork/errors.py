@@ -1,0 +1,27 @@
+"""The one error family kbwork raises on bad input.
+
+Every error names the offending thing and says how to fix it, so a researcher
+never has to read a bare ``KeyError`` or a numpy traceback.
+"""
+
+from __future__ import annotations
+
+
+class KbworkError(Exception):
+    """Base class of every error kbwork raises on purpose."""
+
+
+class ConfigError(KbworkError, ValueError):
+    """A topology file or override is unknown or nonsensical."""
+
+
+class ValidationError(KbworkError, ValueError):
+    """A kernel emitted a command that breaks a design invariant."""
+
+
+class TcmOverflowError(KbworkError, MemoryError):
+    """A TCM allocation does not fit in what is left of the TCM."""
+
+
+class SimulationError(KbworkError, RuntimeError):
+    """The timeline cannot make progress (a deadlock) or a run was misused."""

@@ -1,0 +1,165 @@
+"""Hardware commands (ADR-0065 D1-D3) and their dispatch cost (ADR-0064 Rev. 2).
+
+A :class:`CompositeCmd` is one flat, ordered tuple of :class:`OpSpec`; there is
+no head/epilogue distinction in the command. Position relative to the (at most
+one) GEMM plus each op's :class:`Scope` decide where it runs (see
+``tiling.generate_plan_from_ops``).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from fractions import Fraction
+from types import MappingProxyType
+from typing import Any, Mapping, Union
+
+from ..memory import Handle
+
+LOGICAL_BYTES_PER_HANDLE = 8
+LOGICAL_BYTES_PER_OP = 8
+LOGICAL_BYTES_PER_SCALAR = 4
+
+
+class Scope(enum.Enum):
+    """How often an op repeats within its phase."""
+
+    KERNEL = "kernel"            # once per command invocation
+    K_TILE = "k_tile"            # after every k-tile GEMM, on the running accumulator
+    OUTPUT_TILE = "output_tile"  # after the last k-tile of each output tile
+
+    def __repr__(self) -> str:
+        return f"Scope.{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """The handle a command returns; ``tl.wait`` takes it. ``cmd`` is the program-order id."""
+
+    cmd: int
+
+    def __repr__(self) -> str:
+        return f"Completion(cmd={self.cmd})"
+
+
+def _freeze(m: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    return MappingProxyType(dict(m or {}))
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class OpSpec:
+    """One op of a composite: kind, scope, named operand handles, shipped scalars, out.
+
+    ``extra`` holds only the scalars the command ships to the PE (GEMM: m, k,
+    n, trans_b; ``scale``: factor; ``fill``: value); each costs 4 logical bytes.
+    ``out`` is ``None`` for accumulator ops (``scale``, ``add``), which update
+    the nearest preceding op's output in place.
+    """
+
+    kind: str
+    scope: Scope = Scope.KERNEL
+    operands: Mapping[str, Handle] = field(default_factory=dict)
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    out: Handle | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "operands", _freeze(self.operands))
+        object.__setattr__(self, "extra", _freeze(self.extra))
+
+    @property
+    def logical_bytes(self) -> int:
+        """``8 + 8 x (#operand handles + #out handles) + 4 x #scalar extras``."""
+        return (LOGICAL_BYTES_PER_OP
+                + LOGICAL_BYTES_PER_HANDLE * (len(self.operands) + (self.out is not None))
+                + LOGICAL_BYTES_PER_SCALAR * len(self.extra))
+
+    def handles(self) -> tuple[Handle, ...]:
+        """Every handle the op names: operands in order, then out."""
+        hs = tuple(self.operands.values())
+        return hs + (self.out,) if self.out is not None else hs
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, OpSpec) and self.kind == other.kind and self.scope == other.scope
+                and dict(self.operands) == dict(other.operands) and dict(self.extra) == dict(other.extra)
+                and self.out == other.out)
+
+    def __hash__(self) -> int:
+        return hash((self.kind, self.scope, tuple(self.operands.items()), tuple(self.extra.items()), self.out))
+
+    def __repr__(self) -> str:
+        ops = ", ".join(f"{k}={v.name}" for k, v in self.operands.items())
+        ex = ", ".join(f"{k}={v!r}" for k, v in self.extra.items())
+        out = f" -> {self.out.name}" if self.out is not None else ""
+        scope = "" if self.scope is Scope.KERNEL else f" @{self.scope.value}"
+        return f"OpSpec({self.kind}({', '.join(x for x in (ops, ex) if x)}){out}{scope})"
+
+
+@dataclass(frozen=True, slots=True)
+class CompositeCmd:
+    """A flat composite command.
+
+    ``rw_handles`` are the cross-composite read-write handles the scheduler
+    tracks for hazards; ``scratch`` lists composite-internal scratch (recipe
+    intermediates), which does not count for hazards. ``label`` and ``iter``
+    are annotations for the op_log, not shipped to the PE.
+    """
+
+    completion: Completion
+    ops: tuple[OpSpec, ...]
+    rw_handles: tuple[Handle, ...] = ()
+    data_op: bool = True
+    scratch: tuple[Handle, ...] = ()
+    label: str = ""
+    iter: int = -1
+
+    @property
+    def logical_bytes(self) -> int:
+        """Sum of the ops' logical bytes (ADR-0064 D2)."""
+        return sum(op.logical_bytes for op in self.ops)
+
+    def __repr__(self) -> str:
+        it = f", iter={self.iter}" if self.iter >= 0 else ""
+        return (f"CompositeCmd(#{self.completion.cmd} {self.label!r}, {len(self.ops)} ops, "
+                f"{self.logical_bytes} logical B{it})")
+
+
+@dataclass(frozen=True, slots=True)
+class DmaCmd:
+    """A DMA copy from ``tl.load`` (HBM -> TCM) or ``tl.store`` (TCM -> HBM)."""
+
+    completion: Completion
+    src: Handle
+    dst: Handle
+    label: str = ""
+    iter: int = -1
+
+    #: 8 for the op plus 8 per handle (src, dst).
+    logical_bytes = LOGICAL_BYTES_PER_OP + 2 * LOGICAL_BYTES_PER_HANDLE
+    ops: tuple[OpSpec, ...] = ()
+
+    def __repr__(self) -> str:
+        return f"DmaCmd(#{self.completion.cmd} {self.src.name} -> {self.dst.name})"
+
+
+Command = Union[CompositeCmd, DmaCmd]
+
+
+def n_ops(cmd: Command) -> int:
+    """Ops the scheduler plans for ``cmd`` (a DmaCmd counts as one)."""
+    return 1 if isinstance(cmd, DmaCmd) else len(cmd.ops)
+
+
+def segments(logical_bytes: int, cap: int) -> int:
+    """``max(1, ceil(logical_bytes / cap))``: how many segments a command is dispatched in."""
+    return max(1, -(-logical_bytes // cap))
+
+
+def dispatch_cycles(logical_bytes: int, fixed: int, r: Fraction | float | int, cap: int) -> int:
+    """``FIXED x segments + ceil(R x logical_bytes)`` in integer cycles.
+
+    ``r`` is taken exactly (a Fraction, or a float read as the decimal it prints as).
+    """
+    if isinstance(r, float):
+        r = Fraction(repr(r))
+    return fixed * segments(logical_bytes, cap) + math.ceil(Fraction(r) * logical_bytes)

@@ -1,0 +1,140 @@
+"""PE_SCHEDULER: every command becomes DISPATCH + PLAN + its plan's stages.
+
+``schedule(commands, topo)`` builds the static part of a program: the stage
+table (seq = creation order: for each command in program order its DISPATCH,
+its PLAN, then its plan stages), the per-command bookkeeping the timeline
+needs, and each command's hazard footprint (byte ranges read and written).
+The dynamic part (queue depth, hazard holds, engine arbitration) happens in
+``timeline.py``. This module is recipe-free: it sees flat op lists only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from ..config import Topology
+from ..memory import Handle, Space
+from .commands import Command, CompositeCmd, DmaCmd, dispatch_cycles, n_ops
+from .engines import Latency
+from .stages import Phase, StageKind, StageTable
+from .tiling import StagingRing, generate_plan_from_ops
+
+#: A byte range in one memory: (space is TCM, first byte, one past the last).
+Range = tuple[bool, int, int]
+
+
+def _ranges(handles: Sequence[Handle], exclude: set[Range]) -> tuple[Range, ...]:
+    out: list[Range] = []
+    for h in handles:
+        r = (h.space == Space.TCM, h.addr, h.end)
+        if r not in exclude and r not in out:
+            out.append(r)
+    return tuple(out)
+
+
+def footprint(cmd: Command) -> tuple[tuple[Range, ...], tuple[Range, ...]]:
+    """The byte ranges ``cmd`` reads and writes, for hazard tracking.
+
+    Reads are every operand handle; writes are every ``out`` plus the
+    ``rw_handles``. Composite-internal scratch counts for neither.
+    """
+    if isinstance(cmd, DmaCmd):
+        return _ranges((cmd.src,), set()), _ranges((cmd.dst,), set())
+    scratch = {(h.space == Space.TCM, h.addr, h.end) for h in cmd.scratch}
+    reads = [h for op in cmd.ops for h in op.operands.values()]
+    writes = [op.out for op in cmd.ops if op.out is not None] + list(cmd.rw_handles)
+    return _ranges(reads, scratch), _ranges(writes, scratch)
+
+
+def _overlap(xs: tuple[Range, ...], ys: tuple[Range, ...]) -> bool:
+    for s1, lo1, hi1 in xs:
+        for s2, lo2, hi2 in ys:
+            if s1 == s2 and lo1 < hi2 and lo2 < hi1:
+                return True
+    return False
+
+
+def conflicts(reads_a: tuple[Range, ...], writes_a: tuple[Range, ...],
+              reads_b: tuple[Range, ...], writes_b: tuple[Range, ...]) -> bool:
+    """True when a's reads or writes overlap b's writes, or a's writes overlap b's reads."""
+    return _overlap(reads_a, writes_b) or _overlap(writes_a, writes_b) or _overlap(writes_a, reads_b)
+
+
+@dataclass
+class Program:
+    """The static schedule of a program (built by :func:`schedule`).
+
+    Per command ``i``: ``dispatch_seq[i]``, ``plan_seq[i]``, its plan stages
+    ``plan_first[i] .. plan_end[i] - 1``, ``reads[i]``/``writes[i]`` (hazard
+    footprint) and ``waits[i]`` (commands whose completion ``tl.wait`` put
+    before its dispatch).
+    """
+
+    topo: Topology
+    table: StageTable
+    commands: tuple[Command, ...]
+    dispatch_seq: list[int] = field(default_factory=list)
+    plan_seq: list[int] = field(default_factory=list)
+    plan_first: list[int] = field(default_factory=list)
+    plan_end: list[int] = field(default_factory=list)
+    reads: list[tuple[Range, ...]] = field(default_factory=list)
+    writes: list[tuple[Range, ...]] = field(default_factory=list)
+    waits: list[tuple[int, ...]] = field(default_factory=list)
+    labels: list[str] = field(default_factory=list)
+    iters: list[int] = field(default_factory=list)
+
+    def __repr__(self) -> str:
+        return f"Program({len(self.commands)} commands, {len(self.table)} stages, {self.topo.name})"
+
+
+def schedule(commands: Sequence[Command], topo: Topology, *, waits: Sequence[tuple[int, int]] = (),
+             with_effects: bool = False, staging_base: int = 0) -> Program:
+    """Lower a program's commands to the full stage table.
+
+    Args:
+        commands: in program order; ``commands[i].completion.cmd`` must be ``i``.
+        topo: the topology.
+        waits: ``(before_cmd, wait_for_cmd)`` pairs from ``tl.wait``.
+        with_effects: record data-mode effects on the stages.
+        staging_base: TCM address of the scheduler's staging buffers.
+
+    Returns:
+        The :class:`Program`.
+    """
+    table = StageTable(with_effects)
+    ring = StagingRing(topo, staging_base)
+    lat = Latency(topo)
+    prog = Program(topo, table, tuple(commands))
+    wait_map: dict[int, list[int]] = {}
+    for before, target in waits:
+        wait_map.setdefault(before, []).append(target)
+    fixed, r, cap = topo.fixed_cycles, topo.r_fraction, topo.max_composite_logical_bytes
+    dkind, pkind = int(StageKind.DISPATCH), int(StageKind.PLAN)
+    dphase, pphase = int(Phase.DISPATCH), int(Phase.PLAN)
+    dcache: dict[int, int] = {}
+    prev_d: tuple[int, ...] = ()
+    prev_p: tuple[int, ...] = ()
+    for i, cmd in enumerate(commands):
+        if cmd.completion.cmd != i:
+            raise ValueError(f"command {cmd!r} is at position {i} but carries id {cmd.completion.cmd}")
+        kind = "dma" if isinstance(cmd, DmaCmd) else "composite"
+        lb = cmd.logical_bytes
+        dc = dcache.get(lb)
+        if dc is None:
+            dc = dcache[lb] = dispatch_cycles(lb, fixed, r, cap)
+        d = table.add(dkind, dphase, i, kind, -1, -1, "", lb, dc, prev_d)
+        p = table.add(pkind, pphase, i, kind, -1, -1, "", 0, lat.plan(n_ops(cmd)), (d,) + prev_p)
+        prev_d, prev_p = (d,), (p,)
+        plan = generate_plan_from_ops(cmd, topo, table, ring, lat, after=(p,))
+        prog.dispatch_seq.append(d)
+        prog.plan_seq.append(p)
+        prog.plan_first.append(plan.first_seq)
+        prog.plan_end.append(plan.end_seq)
+        rd, wr = footprint(cmd)
+        prog.reads.append(rd)
+        prog.writes.append(wr)
+        prog.waits.append(tuple(sorted(wait_map.get(i, ()))))
+        prog.labels.append(cmd.label)
+        prog.iters.append(cmd.iter)
+    return prog

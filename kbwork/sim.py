@@ -1,0 +1,166 @@
+"""Simulator and Run: place host data, run a kernel, read the op_log and the numbers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+
+from .config import Topology, load_topology
+from .errors import SimulationError, ValidationError
+from .memory import DTYPES, Handle, Memory, canonical_dtype
+from .oplog import build_op_log, to_csv, to_perfetto
+from .pe.engines import DataExecutor
+from .pe.scheduler import Program, schedule
+from .pe.tiling import StagingRing
+from .pe.timeline import simulate
+from .triton_emu.tl_context import TLContext
+
+MODES = ("data", "timing")
+
+
+class Simulator:
+    """One simulated PE with its HBM.
+
+    ``mode="data"`` computes real numbers (numpy-backed memories);
+    ``mode="timing"`` only schedules and is much faster. HBM persists across
+    runs of the same simulator; every run starts with a fresh TCM.
+    """
+
+    def __init__(self, topology: Topology | str | None = None, mode: str = "data", **overrides: Any):
+        if mode not in MODES:
+            raise ValidationError(f"Simulator mode {mode!r} is unknown; use 'data' or 'timing'.")
+        self.topo = load_topology(topology, **overrides)
+        self.mode = mode
+        self.memory = Memory(self.topo.tcm_bytes, backed=mode == "data")
+        self._hbm: dict[str, Handle] = {}
+
+    def __repr__(self) -> str:
+        return f"Simulator({self.topo.name}, mode={self.mode!r}, {len(self._hbm)} HBM tensors)"
+
+    def hbm(self, name: str, array: np.ndarray | None = None, *, shape: tuple[int, ...] | None = None,
+            dtype: Any = None) -> Handle:
+        """Place a host tensor in HBM and return its handle.
+
+        Pass ``array`` (rounded to ``dtype``, default: the array's own dtype if
+        supported, else fp32), or ``shape``/``dtype`` for an uninitialised
+        (zeroed) output. In timing mode no bytes are kept.
+
+        Raises:
+            ValidationError: a duplicate name, or neither array nor shape.
+        """
+        if name in self._hbm:
+            raise ValidationError(f"HBM tensor {name!r} already exists; pick another name.")
+        if array is None:
+            if shape is None:
+                raise ValidationError(f"sim.hbm({name!r}): pass an array, or shape= (and dtype=) for an output.")
+            dtype = canonical_dtype(dtype or "fp32")
+        else:
+            array = np.asarray(array)
+            if dtype is None:
+                try:
+                    dtype = canonical_dtype(array.dtype)
+                except ValidationError:
+                    dtype = "fp32"
+            dtype = canonical_dtype(dtype)
+            shape = array.shape
+        h = self.memory.hbm.alloc(name, tuple(shape), dtype)
+        if array is not None and self.memory.backed:
+            if not np.all(np.isfinite(array.astype(np.float64))):
+                raise ValidationError(f"sim.hbm({name!r}): the array holds NaN or inf; pass finite values.")
+            self.memory.hbm.view(h)[...] = array.astype(np.float32).astype(DTYPES[dtype])
+        self._hbm[name] = h
+        return h
+
+    def run(self, kernel: Callable[..., Any], *args: Any, **kwargs: Any) -> "Run":
+        """Run ``kernel(tl, *args, **kwargs)`` and simulate the commands it emits.
+
+        Returns:
+            A :class:`Run` with the op_log, the cycle count and (data mode) the numbers.
+
+        Raises:
+            ValidationError, TcmOverflowError: from the kernel's ``tl`` calls.
+            SimulationError: the program deadlocks.
+        """
+        tcm = self.memory.new_tcm()
+        ring_bytes = StagingRing(self.topo).total_bytes
+        staging = tcm.alloc("<staging buffers>", (ring_bytes // 4,), "fp32")
+        tl = TLContext(self.topo, self.memory)
+        kernel(tl, *args, **kwargs)
+        if not tl.commands:
+            raise SimulationError(f"kernel {getattr(kernel, '__name__', kernel)!r} emitted no commands.")
+        data = self.mode == "data"
+        prog = schedule(tl.commands, self.topo, waits=tl.waits, with_effects=data, staging_base=staging.addr)
+        executor = DataExecutor(self.memory) if data else None
+        start, end = simulate(prog, executor.apply if executor else None)
+        names = dict(self._hbm)
+        names.update(tl.names)
+        return Run(self, prog, start, end, names, tcm)
+
+
+class Run:
+    """The result of one kernel run.
+
+    Attributes:
+        op_log: one row per executed stage (built on first access).
+        cycles: end-to-end cycles (the last stage's end).
+        program: the scheduled :class:`Program` (commands and stage table).
+    """
+
+    def __init__(self, sim: Simulator, prog: Program, start: list[int], end: list[int],
+                 names: dict[str, Handle], tcm: Any):
+        self.sim = sim
+        self.topology = sim.topo
+        self.mode = sim.mode
+        self.program = prog
+        self._start, self._end = start, end
+        self._names = names
+        self._tcm = tcm
+        self._op_log: pd.DataFrame | None = None
+        self.cycles = max(end) if end else 0
+
+    def __repr__(self) -> str:
+        return (f"Run({self.mode}, {len(self.program.commands)} commands, {len(self._end)} stages, "
+                f"{self.cycles} cycles = {self.topology.cycles_to_us(self.cycles):.3f} us)")
+
+    @property
+    def commands(self) -> tuple:
+        return self.program.commands
+
+    @property
+    def n_stages(self) -> int:
+        return len(self._end)
+
+    @property
+    def op_log(self) -> pd.DataFrame:
+        if self._op_log is None:
+            self._op_log = build_op_log(self.program, self._start, self._end)
+        return self._op_log
+
+    def read(self, handle_or_name: Handle | str) -> np.ndarray:
+        """A copy of a tensor's final contents, in its own dtype (bf16 via ml_dtypes).
+
+        Raises:
+            SimulationError: timing mode (no numbers were computed).
+            ValidationError: an unknown name.
+        """
+        if self.mode != "data":
+            raise SimulationError("this run was simulated in timing mode, which computes no numbers; "
+                                  "use Simulator(mode='data').")
+        h = handle_or_name
+        if isinstance(h, str):
+            if h not in self._names:
+                raise ValidationError(f"no tensor named {h!r} in this run; known: {', '.join(sorted(self._names))}.")
+            h = self._names[h]
+        arena = self.sim.memory.hbm if h.space == "hbm" else self._tcm
+        return arena.view(h).copy()
+
+    def to_csv(self, path: str | Path | None = None) -> str:
+        """The canonical op_log CSV (written to ``path`` if given)."""
+        return to_csv(self.op_log, path)
+
+    def to_perfetto(self, path: str | Path | None = None) -> dict:
+        """The Chrome-trace/Perfetto JSON of the op_log (written to ``path`` if given)."""
+        return to_perfetto(self.op_log, path, self.topology.clock_ghz)
