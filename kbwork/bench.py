@@ -1,0 +1,107 @@
+"""Timing benchmark: stages simulated per second, in timing and data mode.
+
+Run ``python -m kbwork.bench`` (or ``kbwork bench``). Each case is timed from
+``Simulator.run`` to a built op_log (inputs and numpy references excluded),
+repeated, and the median reported. This is a benchmark, not a test: it
+asserts nothing about speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from .sim import Simulator
+
+
+class _TimedSimulator(Simulator):
+    """A Simulator that records how long its last ``run`` (plus op_log build) took."""
+
+    elapsed = 0.0
+
+    def run(self, kernel, *args, **kwargs):  # type: ignore[override]
+        t0 = time.perf_counter()
+        r = super().run(kernel, *args, **kwargs)
+        _ = r.op_log
+        self.elapsed = time.perf_counter() - t0
+        return r
+
+
+def _measure(make: Callable[[Simulator], Any], mode: str, repeats: int) -> tuple[int, float]:
+    times, stages = [], 0
+    for _ in range(repeats):
+        sim = _TimedSimulator(mode=mode)
+        res = make(sim)
+        run = getattr(res, "run", res)
+        stages = run.n_stages
+        times.append(sim.elapsed)
+    return stages, statistics.median(times)
+
+
+def gemm_cases(scales: list[int]) -> list[tuple[str, int, Callable[[Simulator], Any]]]:
+    from .kernels.gemm import BENCHES
+
+    cases = []
+    for name in ("gemm_hbm", "gemm_pinned_a", "gemm_epilogues"):
+        for s in scales:
+            cases.append((name, s, lambda sim, fn=BENCHES[name], s=s: fn(sim, scale=s)))
+    return cases
+
+
+def run_benchmark(scales: list[int], modes: list[str], repeats: int, progress: bool = True) -> list[dict]:
+    """Time every case and return one dict per (case, mode)."""
+    rows = []
+    cases = gemm_cases(scales)
+    total = len(cases) * len(modes)
+    done = 0
+    for name, scale, make in cases:
+        for mode in modes:
+            if mode == "data" and scale > 4:
+                continue  # data mode at the largest sizes costs minutes of numpy for no new information
+            stages, secs = _measure(make, mode, repeats)
+            rows.append({"bench": name, "scale": scale, "mode": mode, "stages": stages,
+                         "seconds": round(secs, 6), "stages_per_s": round(stages / secs)})
+            done += 1
+            if progress:
+                print(f"\r[{done}/{total}] {name} x{scale} {mode}: {stages} stages, "
+                      f"{stages / secs:,.0f} stages/s      ", end="", file=sys.stderr, flush=True)
+    if progress:
+        print(file=sys.stderr)
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    head = f"{'bench':<16}{'scale':>6}{'mode':>8}{'stages':>10}{'median s':>11}{'stages/s':>12}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['bench']:<16}{r['scale']:>6}{r['mode']:>8}{r['stages']:>10}{r['seconds']:>11.4f}"
+                     f"{r['stages_per_s']:>12,}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="kbwork bench", description=__doc__.splitlines()[0])
+    p.add_argument("--scales", default="1,2,4,8,12", help="comma-separated size multipliers (default 1,2,4,8,12)")
+    p.add_argument("--modes", default="timing,data", help="comma-separated modes (default timing,data)")
+    p.add_argument("--repeats", type=int, default=3, help="runs per case; the median is reported (default 3)")
+    p.add_argument("--json", type=Path, help="also write the rows as JSON to this file")
+    p.add_argument("--csv", type=Path, help="also write the rows as CSV to this file")
+    args = p.parse_args(argv)
+    rows = run_benchmark([int(s) for s in args.scales.split(",")], args.modes.split(","), args.repeats)
+    print(format_table(rows))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    if args.csv:
+        import pandas as pd
+
+        pd.DataFrame(rows).to_csv(args.csv, index=False, lineterminator="\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Kernels written in the ``tl`` language: GEMM benches and the GQA decode variants."""
