@@ -278,11 +278,12 @@ class TLContext:
     def _recipe_scratch_for(self, rd: RecipeDescriptor, given: Mapping[str, Handle]) -> dict[str, Handle]:
         """Allocate the recipe's scratch in the active scratch scope, or reuse a kernel-scope set.
 
-        Kernel-scope scratch is allocated once per (recipe, RW operands), so a
-        loop does not grow the TCM; composites sharing it also share their RW
-        operands and are therefore serialized by the hazard rules.
+        Kernel-scope scratch is allocated once per (recipe, RW operands, operand
+        shapes), so a loop does not grow the TCM; composites sharing it also
+        share their RW operands and are therefore serialized by the hazard rules.
         """
-        key = (rd.name,) + tuple((n, h.addr, h.shape, h.dtype) for n, h in given.items())
+        key = (rd.name,) + tuple((n, h.addr if rd.operands[n] == "RW" else -1, h.shape, h.dtype)
+                                 for n, h in given.items())
         if not self._scopes and key in self._recipe_scratch:
             return self._recipe_scratch[key]
         shapes: dict[str, tuple[tuple[int, ...], str]] = {

@@ -1,0 +1,366 @@
+"""GQA decode attention: run opt2/opt3 and compare them (DESIGN.md §7, §10).
+
+>>> from kbwork import decode
+>>> cmp = decode.compare(kv_len=4096)        # data mode: numbers and timing
+>>> cmp.ratio, cmp.closed_form_ratio, cmp.gate
+>>> cmp.summary                               # one row per variant
+
+``run`` simulates one variant and exposes the final state (``.m``, ``.l``,
+``.O``), the op_log and the inputs; ``compare`` runs both on the same inputs
+and reports per-tile dispatch, the ratio and its closed form, the gate,
+end-to-end cycles and the numerical agreement against a float64 reference.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from . import analysis
+from .config import Topology, load_topology
+from .errors import ValidationError
+from .kernels.gqa_decode import VARIANTS, gqa_decode
+from .memory import DTYPES, canonical_dtype
+from .sim import Run, Simulator
+
+DEFAULTS = dict(kv_len=4096, group=8, head_dim=128, tile=128, dtype="bf16", mode="data", seed=0)
+
+
+# --- inputs and references ---------------------------------------------------------------------
+def make_inputs(kv_len: int, group: int = 8, head_dim: int = 128, dtype: str = "bf16",
+                seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Standard-normal q (G, d), k and v (N, d) from ``seed``, rounded to ``dtype``, as float32."""
+    rng = np.random.default_rng(seed)
+    shapes = ((group, head_dim), (kv_len, head_dim), (kv_len, head_dim))
+    return tuple(_round(rng.standard_normal(s, dtype=np.float32), dtype) for s in shapes)  # type: ignore[return-value]
+
+
+def _round(x: np.ndarray, dtype: str) -> np.ndarray:
+    return np.asarray(x, np.float32).astype(DTYPES[dtype]).astype(np.float32)
+
+
+def reference(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """softmax(scale·QKᵀ)·V in float64 (scale = 1/sqrt(d)), from the given (already rounded) inputs."""
+    q64, k64, v64 = (np.asarray(x, np.float64) for x in (q, k, v))
+    s = (q64 @ k64.T) / math.sqrt(q.shape[1])
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    return (p / p.sum(axis=1, keepdims=True)) @ v64
+
+
+def baseline(q: np.ndarray, k: np.ndarray, v: np.ndarray, dtype: str) -> np.ndarray:
+    """Plain, non-tiled attention computed in the storage precision ``dtype``.
+
+    Every stored tensor (scores, probabilities, output) is rounded to
+    ``dtype``; arithmetic runs in float32. This is the FlashAttention test
+    suite's yardstick: a tiled kernel should be no more than ~2× its error.
+    """
+    s = _round((q @ k.T) * np.float32(1.0 / math.sqrt(q.shape[1])), dtype)
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    p = _round(p / p.sum(axis=1, keepdims=True, dtype=np.float32), dtype)
+    return _round(p @ v, dtype).astype(np.float64)
+
+
+def _max_abs(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+
+
+# --- one variant -------------------------------------------------------------------------------
+@dataclass
+class DecodeRun:
+    """One simulated decode variant.
+
+    Attributes:
+        variant, params: what was run.
+        run: the underlying :class:`Run` (op_log, cycles, program).
+        q, k, v: the (dtype-rounded) inputs as float32, data mode only.
+        m, l, O: the final state as float32 (O normalised), data mode only.
+    """
+
+    variant: str
+    run: Run
+    params: dict[str, Any]
+    q: np.ndarray | None = None
+    k: np.ndarray | None = None
+    v: np.ndarray | None = None
+    m: np.ndarray | None = None
+    l: np.ndarray | None = None
+    O: np.ndarray | None = None
+    _reference: np.ndarray | None = field(default=None, repr=False)
+
+    def __repr__(self) -> str:
+        p = self.params
+        return (f"DecodeRun({self.variant}, kv_len={p['kv_len']}, tile={p['tile']}, {p['dtype']}, {p['mode']}: "
+                f"{self.n_tiles} tiles, {len(self.run.commands)} commands, {self.run.n_stages} stages, "
+                f"{self.cycles} cycles)")
+
+    @property
+    def op_log(self) -> pd.DataFrame:
+        return self.run.op_log
+
+    @property
+    def cycles(self) -> int:
+        return self.run.cycles
+
+    @property
+    def topology(self) -> Topology:
+        return self.run.topology
+
+    @property
+    def n_tiles(self) -> int:
+        return self.params["kv_len"] // self.params["tile"]
+
+    @property
+    def dispatch_per_tile(self) -> pd.Series:
+        """Simulated PE_CPU dispatch cycles per tile (from the op_log)."""
+        return analysis.dispatch_per_tile(self.op_log)
+
+    @property
+    def closed_form_per_tile(self) -> pd.Series:
+        """Closed-form per-tile dispatch from the emitted commands' logical bytes."""
+        return analysis.closed_form_per_tile(self.run.commands, self.topology)
+
+    @property
+    def command_bytes_per_tile(self) -> list[int]:
+        """Logical bytes of the commands of one (the first) tile."""
+        return analysis.command_bytes_per_tile(self.run.commands)[0]
+
+    @property
+    def reference(self) -> np.ndarray:
+        """The float64 reference output for this run's inputs (data mode)."""
+        if self.q is None:
+            raise ValidationError("a timing-mode run keeps no inputs; run with mode='data' for numerics.")
+        if self._reference is None:
+            self._reference = reference(self.q, self.k, self.v)
+        return self._reference
+
+    @property
+    def error(self) -> float:
+        """max |O − reference|."""
+        return _max_abs(self.O, self.reference)
+
+    def to_csv(self, path: str | Path | None = None) -> str:
+        return self.run.to_csv(path)
+
+    def to_perfetto(self, path: str | Path | None = None) -> dict:
+        return self.run.to_perfetto(path)
+
+    def to_npz(self, path: str | Path) -> None:
+        """Write the inputs (q, k, v), the final state (m, l, O) and the run parameters to an NPZ."""
+        if self.q is None:
+            raise ValidationError("a timing-mode run has no numbers to save; run with mode='data'.")
+        meta = {k: np.asarray(v) for k, v in self.params.items() if k != "topology"}
+        np.savez(path, q=self.q, k=self.k, v=self.v, m=self.m, l=self.l, O=self.O,
+                 scale=np.float64(1.0 / math.sqrt(self.q.shape[1])), variant=np.asarray(self.variant), **meta)
+
+
+def _topology(topology: Topology | str | None, overrides: dict[str, Any]) -> Topology:
+    if isinstance(topology, Topology):
+        return topology.replace(**overrides) if overrides else topology
+    return load_topology(topology, **overrides)
+
+
+def run(variant: str, *, kv_len: int = 4096, group: int = 8, head_dim: int = 128, tile: int = 128,
+        dtype: str = "bf16", mode: str = "data", topology: Topology | str | None = None, seed: int = 0,
+        q: np.ndarray | None = None, k: np.ndarray | None = None, v: np.ndarray | None = None,
+        **overrides: Any) -> DecodeRun:
+    """Simulate one decode variant.
+
+    Args:
+        variant: ``"opt2"`` or ``"opt3"``.
+        kv_len, group, head_dim, tile: N, G, d and T. ``kv_len`` must be a multiple of ``tile``.
+        dtype: storage dtype of q, k, v (``"bf16"``, ``"fp16"``, ``"fp32"``).
+        mode: ``"data"`` (numbers) or ``"timing"`` (schedule only).
+        topology: a Topology, a topology name or path; ``None`` for the default.
+        seed: seeds the standard-normal inputs when q, k, v are not given.
+        q, k, v: explicit float arrays (rounded to ``dtype``); they set group, head_dim and kv_len.
+        **overrides: flat topology keys (``fixed_cycles=0``, ``hazard_policy="rw_aware"``, ...).
+
+    Returns:
+        A :class:`DecodeRun`.
+
+    Raises:
+        ValidationError: bad variant, shapes or kv length. ConfigError: bad topology keys.
+    """
+    if variant not in VARIANTS:
+        raise ValidationError(f"decode variant {variant!r} is unknown; use one of {', '.join(VARIANTS)}.")
+    dtype = canonical_dtype(dtype)
+    topo = _topology(topology, overrides)
+    given = [x is not None for x in (q, k, v)]
+    if any(given) and not all(given):
+        raise ValidationError("decode.run: pass all of q, k and v, or none of them (then seed= draws them).")
+    if all(given):
+        q, k, v = (np.asarray(x) for x in (q, k, v))
+        if q.ndim != 2 or k.ndim != 2 or k.shape != v.shape or k.shape[1] != q.shape[1]:
+            raise ValidationError(f"decode.run: q must be (G, d) and k, v (N, d); got q {q.shape}, k {k.shape}, "
+                                  f"v {v.shape}.")
+        q, k, v = (_round(x, dtype) for x in (q, k, v))
+        group, head_dim = q.shape
+        kv_len = k.shape[0]
+    for name, val in (("kv_len", kv_len), ("group", group), ("head_dim", head_dim), ("tile", tile)):
+        if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val <= 0:
+            raise ValidationError(f"decode.run: {name} must be a positive int, got {val!r}.")
+    if kv_len % tile:
+        raise ValidationError(f"decode.run: kv_len {kv_len} is not a multiple of tile {tile}; "
+                              f"pick a kv_len that is (ragged last tiles are not supported).")
+    sim = Simulator(topo, mode=mode)
+    data = mode == "data"
+    if data and q is None:
+        q, k, v = make_inputs(kv_len, group, head_dim, dtype, seed)
+    if data:
+        qh, kh, vh = sim.hbm("q", q, dtype=dtype), sim.hbm("K", k, dtype=dtype), sim.hbm("V", v, dtype=dtype)
+    else:
+        qh = sim.hbm("q", shape=(group, head_dim), dtype=dtype)
+        kh = sim.hbm("K", shape=(kv_len, head_dim), dtype=dtype)
+        vh = sim.hbm("V", shape=(kv_len, head_dim), dtype=dtype)
+    out = sim.hbm("out", shape=(group, head_dim), dtype="fp32")
+    r = sim.run(gqa_decode, qh, kh, vh, out, variant=variant, tile=tile)
+    params = dict(kv_len=int(kv_len), group=int(group), head_dim=int(head_dim), tile=int(tile), dtype=dtype,
+                  mode=mode, seed=seed, fixed_cycles=topo.fixed_cycles, r_cycles_per_byte=topo.r_cycles_per_byte,
+                  hazard_policy=topo.hazard_policy, topology=topo.name)
+    res = DecodeRun(variant, r, params)
+    if data:
+        res.q, res.k, res.v = q, k, v
+        res.m, res.l = (r.read(n).astype(np.float32) for n in ("m", "l"))
+        res.O = r.read(out).astype(np.float32)
+    return res
+
+
+# --- the comparison ----------------------------------------------------------------------------
+@dataclass
+class Comparison:
+    """opt2 vs opt3 on the same inputs and topology (see :func:`compare`)."""
+
+    opt2: DecodeRun
+    opt3: DecodeRun
+    dispatch_opt2: int
+    dispatch_opt3: int
+    closed_form_opt2: int
+    closed_form_opt3: int
+    cycles_opt2: int
+    cycles_opt3: int
+    max_abs_diff: dict[str, float] | None = None
+    err_opt2: float | None = None
+    err_opt3: float | None = None
+    err_baseline: float | None = None
+
+    def __repr__(self) -> str:
+        return (f"Comparison(dispatch/tile opt3 {self.dispatch_opt3} vs opt2 {self.dispatch_opt2}: ratio "
+                f"{self.ratio:.2f} (closed form {self.closed_form_ratio:.2f}), gate {'PASS' if self.gate else 'FAIL'}; "
+                f"cycles opt3 {self.cycles_opt3} vs opt2 {self.cycles_opt2})")
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return self.opt2.params
+
+    @property
+    def ratio(self) -> float:
+        """Simulated per-tile dispatch ratio opt3 / opt2."""
+        return self.dispatch_opt3 / self.dispatch_opt2
+
+    @property
+    def closed_form_ratio(self) -> float:
+        return self.closed_form_opt3 / self.closed_form_opt2
+
+    @property
+    def gate(self) -> bool:
+        """``opt3 > 2 × opt2`` on the simulated per-tile dispatch."""
+        return analysis.gate(self.dispatch_opt3, self.dispatch_opt2)
+
+    @property
+    def closed_form_gate(self) -> bool:
+        return analysis.gate(self.closed_form_opt3, self.closed_form_opt2)
+
+    @property
+    def speedup(self) -> float:
+        """End-to-end cycles opt3 / opt2 (> 1 means opt2 is faster)."""
+        return self.cycles_opt3 / self.cycles_opt2
+
+    @property
+    def error_bound(self) -> float | None:
+        """2 × the plain attention's error in storage precision, + 1e-6 (FlashAttention's test bound)."""
+        return None if self.err_baseline is None else 2.0 * self.err_baseline + 1e-6
+
+    @property
+    def numerics_ok(self) -> bool | None:
+        """Both variants within the error bound of the reference (None in timing mode)."""
+        if self.error_bound is None:
+            return None
+        return bool(self.err_opt2 <= self.error_bound and self.err_opt3 <= self.error_bound)
+
+    @property
+    def summary(self) -> pd.DataFrame:
+        """One row per variant: commands and dispatch per tile, closed form, cycles, error."""
+        us = self.opt2.topology.cycles_to_us
+        rows = []
+        for name, r, d, cf, cyc, err in (("opt2", self.opt2, self.dispatch_opt2, self.closed_form_opt2,
+                                          self.cycles_opt2, self.err_opt2),
+                                         ("opt3", self.opt3, self.dispatch_opt3, self.closed_form_opt3,
+                                          self.cycles_opt3, self.err_opt3)):
+            rows.append({"variant": name, "commands_per_tile": len(r.command_bytes_per_tile),
+                         "dispatch_per_tile": d, "closed_form_per_tile": cf, "cycles": cyc,
+                         "us": round(us(cyc), 3), "stages": r.run.n_stages,
+                         "max_abs_err_vs_ref": err})
+        return pd.DataFrame(rows).set_index("variant")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field as plain JSON-serialisable values."""
+        p = {k: v for k, v in self.params.items() if k != "mode"}
+        return {
+            "params": {**p, "mode": self.params["mode"]},
+            "dispatch_per_tile": {"opt2": self.dispatch_opt2, "opt3": self.dispatch_opt3},
+            "closed_form_per_tile": {"opt2": self.closed_form_opt2, "opt3": self.closed_form_opt3},
+            "commands_per_tile": {"opt2": len(self.opt2.command_bytes_per_tile),
+                                  "opt3": len(self.opt3.command_bytes_per_tile)},
+            "ratio": self.ratio,
+            "closed_form_ratio": self.closed_form_ratio,
+            "gate": {"rule": "opt3 > 2 x opt2", "pass": self.gate, "closed_form_pass": self.closed_form_gate},
+            "cycles": {"opt2": self.cycles_opt2, "opt3": self.cycles_opt3},
+            "us": {"opt2": self.opt2.topology.cycles_to_us(self.cycles_opt2),
+                   "opt3": self.opt3.topology.cycles_to_us(self.cycles_opt3)},
+            "speedup_opt3_over_opt2": self.speedup,
+            "max_abs_diff_opt2_opt3": self.max_abs_diff,
+            "max_abs_err_vs_ref": (None if self.err_opt2 is None else
+                                   {"opt2": self.err_opt2, "opt3": self.err_opt3,
+                                    "baseline": self.err_baseline, "bound": self.error_bound,
+                                    "pass": self.numerics_ok}),
+        }
+
+
+def _uniform(series: pd.Series, what: str) -> int:
+    vals = sorted(set(int(x) for x in series))
+    if len(vals) != 1:  # every tile emits the same commands; anything else is a bug worth seeing
+        raise AssertionError(f"{what} differs across tiles: {series.to_dict()}")
+    return vals[0]
+
+
+def compare(*, kv_len: int = 4096, group: int = 8, head_dim: int = 128, tile: int = 128, dtype: str = "bf16",
+            mode: str = "data", topology: Topology | str | None = None, seed: int = 0, **overrides: Any) -> Comparison:
+    """Run opt2 and opt3 on the same inputs and topology and compare them.
+
+    Returns:
+        A :class:`Comparison` with the per-tile dispatch of both variants, the
+        ratio and its closed form, the gate, end-to-end cycles, and (data mode)
+        max |opt2 − opt3| for m, l, O and each variant's error against the
+        float64 reference.
+    """
+    kw = dict(kv_len=kv_len, group=group, head_dim=head_dim, tile=tile, dtype=dtype, mode=mode,
+              topology=topology, seed=seed, **overrides)
+    r2 = run("opt2", **kw)
+    if mode == "data":
+        kw.update(q=r2.q, k=r2.k, v=r2.v)
+    r3 = run("opt3", **kw)
+    d2, d3 = (_uniform(r.dispatch_per_tile, f"{r.variant} dispatch") for r in (r2, r3))
+    c2, c3 = (_uniform(r.closed_form_per_tile, f"{r.variant} closed form") for r in (r2, r3))
+    cmp = Comparison(r2, r3, d2, d3, c2, c3, r2.cycles, r3.cycles)
+    if mode == "data":
+        cmp.max_abs_diff = {n: _max_abs(getattr(r2, n), getattr(r3, n)) for n in ("m", "l", "O")}
+        ref = r2.reference
+        r3._reference = ref
+        cmp.err_opt2, cmp.err_opt3 = r2.error, r3.error
+        cmp.err_baseline = _max_abs(baseline(r2.q, r2.k, r2.v, r2.params["dtype"]), ref)
+    return cmp
