@@ -248,12 +248,20 @@ class TLContext:
             h = given[n]
             if not _is_handle(h):
                 raise ValidationError(f"{where}: operand {n!r} must be a tensor handle, got {h!r}.")
+            if role == "RW" and not (h.space == Space.TCM and h.pinned):
+                raise ValidationError(f"{where}: operand {n}={h.name} has role RW (read and written in place) but "
+                                      f"is not writable TCM scratch ({h.space.value}); pass a tl.alloc/tl.full handle.")
             if h.space != Space.TCM:
                 raise ValidationError(f"{where}: operand {n}={h.name} is in HBM; recipe operands must be in TCM "
                                       f"(ADR-0065 D6.2/D6.7). tl.load it first, or allocate it with tl.alloc.")
-            if role == "RW" and not h.pinned:
-                raise ValidationError(f"{where}: operand {n}={h.name} has role RW but is not writable TCM scratch; "
-                                      f"pass a tl.alloc/tl.full handle.")
+        for n, role in rd.operands.items():
+            if role != "RW":
+                continue
+            for other in rd.operands:
+                if other != n and given[n].overlaps(given[other]):
+                    raise ValidationError(f"{where}: RW operand {n}={given[n].name} aliases operand "
+                                          f"{other}={given[other].name}; writing {n} in place would clobber it. "
+                                          f"Give each operand its own buffer.")
         po = rd.primary_out
         if po is not None:
             if op != "gemm":
