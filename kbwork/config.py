@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import numbers
 import tomllib
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -107,7 +108,7 @@ _MAY_BE_ZERO = {"fixed_cycles", "r_cycles_per_byte", "plan_base_cycles", "plan_c
 
 
 def _exact(x: float) -> Fraction:
-    return Fraction(repr(x)) if isinstance(x, float) else Fraction(x)
+    return Fraction(repr(float(x))) if isinstance(x, float) else Fraction(x)
 
 
 def _check_keys(d: dict[str, Any], where: str) -> None:
@@ -123,6 +124,9 @@ def _check_keys(d: dict[str, Any], where: str) -> None:
 def _validate(t: Topology) -> None:
     for key in _INT_KEYS:
         v = getattr(t, key)
+        if isinstance(v, numbers.Integral) and not isinstance(v, (bool, int)):
+            object.__setattr__(t, key, int(v))  # numpy integers from a sweep
+            v = int(v)
         if isinstance(v, bool) or not isinstance(v, int):
             if isinstance(v, float) and v.is_integer():
                 object.__setattr__(t, key, int(v))
@@ -133,8 +137,10 @@ def _validate(t: Topology) -> None:
         _check_sign(key, v)
     for key in _FLOAT_KEYS:
         v = getattr(t, key)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
             raise ConfigError(f"topology key {key!r} must be a finite number, got {v!r}.")
+        object.__setattr__(t, key, float(v))
+        v = float(v)
         _check_sign(key, v)
     if t.hazard_policy not in HAZARD_POLICIES:
         raise ConfigError(f"topology key 'hazard_policy' is {t.hazard_policy!r}; "

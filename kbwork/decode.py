@@ -364,3 +364,49 @@ def compare(*, kv_len: int = 4096, group: int = 8, head_dim: int = 128, tile: in
         cmp.err_opt2, cmp.err_opt3 = r2.error, r3.error
         cmp.err_baseline = _max_abs(baseline(r2.q, r2.k, r2.v, r2.params["dtype"]), ref)
     return cmp
+
+
+# --- sweeps ------------------------------------------------------------------------------------
+SWEEP_AXES = ("kv_len", "tile", "group", "head_dim", "dtype", "fixed_cycles", "r_cycles_per_byte",
+              "hazard_policy")
+
+
+def sweep(*, variants: tuple[str, ...] = VARIANTS, progress: bool = True, mode: str = "timing",
+          topology: Topology | str | None = None, **axes: Any) -> pd.DataFrame:
+    """Simulate every variant at every point of the cartesian product of ``axes``.
+
+    Each axis is a list (a scalar is a one-point axis), e.g.
+    ``sweep(kv_len=[1024, 4096], fixed_cycles=[0, 40])``. Timing mode by default.
+
+    Returns:
+        One row per (point, variant): the axis values, ``cycles``, ``us``,
+        ``dispatch_per_tile``, ``dispatch_total`` (all DISPATCH cycles),
+        ``commands``, ``stages`` and ``n_tiles``.
+
+    Raises:
+        ValidationError: an unknown axis.
+    """
+    import itertools
+
+    from .progress import progress as bar
+
+    unknown = [a for a in axes if a not in SWEEP_AXES]
+    if unknown:
+        raise ValidationError(f"sweep: unknown axis {', '.join(unknown)}; axes are {', '.join(SWEEP_AXES)}.")
+    names = list(axes)
+    values = [v if isinstance(v, (list, tuple, range, np.ndarray)) else [v] for v in axes.values()]
+    points = list(itertools.product(*values))
+    rows = []
+    for point in bar(points, desc="sweep", enabled=progress and len(points) * len(variants) > 4):
+        kw = dict(zip(names, point))
+        for variant in variants:
+            r = run(variant, mode=mode, topology=topology, **kw)
+            log = r.op_log
+            disp = log[log["stage"] == "DISPATCH"]
+            per_tile = r.dispatch_per_tile
+            rows.append({**{n: (v.item() if isinstance(v, np.generic) else v) for n, v in kw.items()},
+                         "variant": variant, "cycles": r.cycles, "us": r.topology.cycles_to_us(r.cycles),
+                         "dispatch_per_tile": int(per_tile.iloc[0]),
+                         "dispatch_total": int((disp["end"] - disp["start"]).sum()),
+                         "commands": len(r.run.commands), "stages": r.run.n_stages, "n_tiles": r.n_tiles})
+    return pd.DataFrame(rows)

@@ -6,19 +6,16 @@ notebook, a test and the command line call the same code.
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Iterable
 
 import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.collections import PolyCollection
+from matplotlib.patches import Patch
 
-if matplotlib.get_backend().lower() in ("", "agg") or not hasattr(matplotlib, "pyplot"):
-    pass
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.collections import PolyCollection  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
-
-from .oplog import ENGINE_NAMES, STAGE_NAMES  # noqa: E402
+from .oplog import ENGINE_NAMES, STAGE_NAMES
 
 #: One colour per stage kind (colour-blind friendly, Okabe-Ito based).
 STAGE_COLORS = {
@@ -30,6 +27,8 @@ STAGE_COLORS = {
     "MATH": "#009E73",
     "DMA_WRITE": "#E69F00",
 }
+
+_PALETTE = np.array([matplotlib.colors.to_rgba(STAGE_COLORS[k]) for k in STAGE_NAMES])
 
 
 def tile_window(op_log: pd.DataFrame, tiles: Iterable[int]) -> tuple[int, int]:
@@ -71,37 +70,29 @@ def gantt(op_log: pd.DataFrame, ax: plt.Axes | None = None, window: tuple[int, i
         df = df[(df["end"] > lo) & (df["start"] < hi)]
     start = df["start"].to_numpy(np.float64)
     end = df["end"].to_numpy(np.float64)
-    eng = df["engine"].to_numpy()
-    stage = df["stage"].to_numpy()
-    hl = np.ones(len(df), bool)
+    row = pd.Categorical(df["engine"], categories=ENGINE_NAMES).codes
+    face = _PALETTE[pd.Categorical(df["stage"], categories=STAGE_NAMES).codes]
+    edge = np.zeros_like(face)
     if highlight:
+        hl = np.ones(len(df), bool)
         for col, val in highlight.items():
             hl &= (df[col] == val).to_numpy()
-    rows = {name: i for i, name in enumerate(ENGINE_NAMES)}
-    h = 0.8
-    for name, row in rows.items():
-        m = eng == name
-        if not m.any():
-            continue
-        s, e = start[m], end[m]
-        y0, y1 = row - h / 2, row + h / 2
-        verts = np.empty((len(s), 4, 2))
-        verts[:, 0, 0] = s
-        verts[:, 1, 0] = s
-        verts[:, 2, 0] = e
-        verts[:, 3, 0] = e
-        verts[:, [0, 3], 1] = y0
-        verts[:, [1, 2], 1] = y1
-        colors = np.array([matplotlib.colors.to_rgba(STAGE_COLORS[k]) for k in STAGE_NAMES])
-        idx = np.searchsorted(np.array(STAGE_NAMES), stage[m], sorter=np.argsort(STAGE_NAMES))
-        face = colors[np.argsort(STAGE_NAMES)[idx]]
-        if highlight:
-            face[~hl[m], 3] = 0.25
-        edge = np.zeros_like(face)
-        if highlight:
-            edge[hl[m]] = (0, 0, 0, 1)
-        coll = PolyCollection(verts, facecolors=face, edgecolors=edge, linewidths=0.6 if highlight else 0)
-        ax.add_collection(coll)
+        face[~hl, 3] = 0.25
+        edge[hl] = (0, 0, 0, 1)
+        width = 0.6
+    else:  # thin white seams keep back-to-back stages apart while they are few enough to see
+        edge[:] = (1, 1, 1, 1)
+        width = 0.4 if len(df) <= 3000 else 0.0
+    h = 0.4
+    verts = np.empty((len(df), 4, 2))
+    verts[:, 0, 0] = verts[:, 1, 0] = start
+    verts[:, 2, 0] = verts[:, 3, 0] = end
+    verts[:, 0, 1] = verts[:, 3, 1] = row - h
+    verts[:, 1, 1] = verts[:, 2, 1] = row + h
+    for r in range(len(ENGINE_NAMES)):  # one collection per engine
+        m = row == r
+        if m.any():
+            ax.add_collection(PolyCollection(verts[m], facecolors=face[m], edgecolors=edge[m], linewidths=width))
     ax.set_yticks(range(len(ENGINE_NAMES)))
     ax.set_yticklabels(ENGINE_NAMES)
     ax.set_ylim(len(ENGINE_NAMES) - 0.5, -0.5)
@@ -117,7 +108,7 @@ def gantt(op_log: pd.DataFrame, ax: plt.Axes | None = None, window: tuple[int, i
     if title:
         ax.set_title(title, loc="left", fontsize=10)
     if legend:
-        present = [k for k in STAGE_NAMES if k in set(stage)]
+        present = [k for k in STAGE_NAMES if k in set(df["stage"].unique())]
         ax.legend(handles=[Patch(color=STAGE_COLORS[k], label=k) for k in present], loc="upper left",
                   bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
     ax.grid(axis="x", alpha=0.3)
@@ -142,5 +133,91 @@ def compare_gantt(op_log_opt2: pd.DataFrame, op_log_opt3: pd.DataFrame, tiles: i
     return fig
 
 
-def _as_list(x: Sequence | None) -> list:
-    return list(x) if x is not None else []
+def dispatch_per_tile(op_log_opt2: pd.DataFrame, op_log_opt3: pd.DataFrame, tile: int = 1,
+                      ax: plt.Axes | None = None) -> plt.Axes:
+    """Stacked bars: the DISPATCH cycles of each command of one tile, opt2 beside opt3.
+
+    Returns:
+        The Axes.
+    """
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 2.8))
+    cmap = plt.get_cmap("tab20")
+    labels_seen: dict[str, tuple] = {}
+    totals = []
+    for row, (name, df) in enumerate((("opt2", op_log_opt2), ("opt3", op_log_opt3))):
+        d = df[(df["stage"] == "DISPATCH") & (df["iter"] == tile)].sort_values("cmd")
+        if d.empty:
+            raise ValueError(f"{name}: no DISPATCH stages with iter {tile}")
+        left = 0
+        for lab, cyc in zip(d["label"], d["end"] - d["start"]):
+            color = labels_seen.setdefault(lab, cmap(len(labels_seen) % 20))
+            ax.barh(row, cyc, left=left, color=color, edgecolor="white", linewidth=0.8)
+            if cyc >= 25:
+                ax.text(left + cyc / 2, row, f"{lab}\n{cyc}", ha="center", va="center", fontsize=7)
+            left += cyc
+        totals.append(left)
+        ax.text(left + 4, row, f"{left} cycles", va="center", fontsize=9)
+    ax.set_yticks([0, 1])
+    ax.set_yticklabels([f"opt2 ({len(op_log_opt2[(op_log_opt2.stage == 'DISPATCH') & (op_log_opt2.iter == tile)])} cmds)",
+                        f"opt3 ({len(op_log_opt3[(op_log_opt3.stage == 'DISPATCH') & (op_log_opt3.iter == tile)])} cmds)"])
+    ax.set_ylim(1.6, -0.6)
+    ax.set_xlim(0, max(totals) * 1.15)
+    ax.set_xlabel(f"PE_CPU dispatch cycles for tile {tile}")
+    ax.set_title(f"per-tile dispatch: opt3 / opt2 = {totals[1] / totals[0]:.2f}  (gate: > 2)", loc="left",
+                 fontsize=10)
+    return ax
+
+
+def scaling(sweep_df: pd.DataFrame, ax: plt.Axes | None = None, x: str = "kv_len") -> plt.Axes:
+    """End-to-end cycles (solid) and total dispatch cycles (dashed) of each variant against ``x``.
+
+    ``sweep_df`` is a :func:`kbwork.decode.sweep` result with one value of every other axis.
+
+    Returns:
+        The Axes (log-log).
+    """
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 4))
+    colors = {"opt2": "#0072B2", "opt3": "#D55E00"}
+    for variant, g in sweep_df.groupby("variant", sort=True):
+        g = g.sort_values(x)
+        c = colors.get(variant)
+        ax.plot(g[x], g["cycles"], "o-", color=c, label=f"{variant} end-to-end")
+        ax.plot(g[x], g["dispatch_total"], "s--", color=c, alpha=0.7, label=f"{variant} dispatch (PE_CPU)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel(x)
+    ax.set_ylabel("cycles")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    return ax
+
+
+def gate_map(grid: pd.DataFrame, ax: plt.Axes | None = None, threshold: float = 2.0,
+             mark: tuple[float, float] | None = (40, 0.0625)) -> plt.Axes:
+    """The dispatch ratio opt3/opt2 over a FIXED × R grid, with the ``ratio = threshold`` contour.
+
+    ``grid`` is :func:`kbwork.analysis.ratio_grid` output (FIXED rows, R columns).
+    ``mark`` puts a star on one calibration (default: the default topology).
+
+    Returns:
+        The Axes.
+    """
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.5, 4.5))
+    f = grid.index.to_numpy(float)
+    r = grid.columns.to_numpy(float)
+    z = grid.to_numpy(float)
+    mesh = ax.pcolormesh(r, f, z, shading="nearest", cmap="viridis")
+    ax.figure.colorbar(mesh, ax=ax, label="dispatch ratio opt3 / opt2")
+    if z.min() < threshold < z.max():
+        cs = ax.contour(r, f, z, levels=[threshold], colors="white", linewidths=2)
+        ax.clabel(cs, fmt=lambda v: f"ratio = {v:g}", fontsize=8)
+    if mark is not None:
+        ax.plot(mark[1], mark[0], marker="*", color="red", markersize=14, label="default calibration")
+        ax.legend(loc="upper right", fontsize=8)
+    ax.set_xlabel("R (cycles per logical byte)")
+    ax.set_ylabel("FIXED (cycles per command)")
+    ax.set_title(f"gate opt3 > {threshold:g} x opt2 holds above the white line", loc="left", fontsize=10)
+    return ax

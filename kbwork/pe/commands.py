@@ -15,6 +15,7 @@ from fractions import Fraction
 from types import MappingProxyType
 from typing import Any, Mapping, Union
 
+from ..errors import ValidationError
 from ..memory import Handle
 
 LOGICAL_BYTES_PER_HANDLE = 8
@@ -64,6 +65,12 @@ class OpSpec:
     out: Handle | None = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.scope, Scope):  # a scope name ("k_tile") from the flat form
+            try:
+                object.__setattr__(self, "scope", Scope(str(self.scope).lower()))
+            except ValueError:
+                raise ValidationError(f"OpSpec {self.kind!r}: scope {self.scope!r} is unknown; use one of "
+                                      f"{', '.join(s.value for s in Scope)}.") from None
         object.__setattr__(self, "operands", _freeze(self.operands))
         object.__setattr__(self, "extra", _freeze(self.extra))
 
@@ -161,5 +168,5 @@ def dispatch_cycles(logical_bytes: int, fixed: int, r: Fraction | float | int, c
     ``r`` is taken exactly (a Fraction, or a float read as the decimal it prints as).
     """
     if isinstance(r, float):
-        r = Fraction(repr(r))
+        r = Fraction(repr(float(r)))  # float() so numpy scalars print as plain decimals
     return fixed * segments(logical_bytes, cap) + math.ceil(Fraction(r) * logical_bytes)
