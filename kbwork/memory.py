@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
 import ml_dtypes
@@ -70,12 +70,16 @@ def itemsize(dtype: str) -> int:
     return DTYPES[dtype].itemsize
 
 
+_ITEMSIZE = {name: d.itemsize for name, d in DTYPES.items()}
+
+
 @dataclass(frozen=True, slots=True)
 class Handle:
     """A frozen view of a tensor in HBM or TCM.
 
     Row slices (``h[a:b]``) of a row-major tensor are contiguous handles with
-    the name ``"h[a:b]"``.
+    the name ``"h[a:b]"``. ``size``, ``nbytes`` and ``end`` are computed once
+    (the scheduler reads them for every hazard check).
     """
 
     name: str
@@ -84,20 +88,16 @@ class Handle:
     shape: tuple[int, ...]
     dtype: str
     pinned: bool
+    size: int = field(init=False, repr=False, compare=False)
+    nbytes: int = field(init=False, repr=False, compare=False)
+    end: int = field(init=False, repr=False, compare=False)
 
-    @property
-    def size(self) -> int:
-        """Number of elements."""
-        return math.prod(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return self.size * itemsize(self.dtype)
-
-    @property
-    def end(self) -> int:
-        """One past the last byte address."""
-        return self.addr + self.nbytes
+    def __post_init__(self) -> None:
+        size = math.prod(self.shape)
+        nbytes = size * _ITEMSIZE[self.dtype]
+        object.__setattr__(self, "size", size)
+        object.__setattr__(self, "nbytes", nbytes)
+        object.__setattr__(self, "end", self.addr + nbytes)
 
     @property
     def ndim(self) -> int:

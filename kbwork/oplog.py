@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import pandas as pd
 
 from .pe.scheduler import Program
@@ -27,31 +28,34 @@ PHASE_NAMES = tuple(p.label for p in Phase)
 
 
 def build_op_log(prog: Program, start: Sequence[int], end: Sequence[int]) -> pd.DataFrame:
-    """Assemble the op_log DataFrame of a simulated program (rows in seq order)."""
+    """Assemble the op_log DataFrame of a simulated program (rows in seq order).
+
+    String columns are categoricals (a byte or two per row instead of a
+    pointer to a string object), so a million-stage op_log stays small.
+    """
     t = prog.table
     n = len(t)
-    cmd = t.cmd
-    labels, iters = prog.labels, prog.iters
+    cmd = np.array(t.cmd, dtype=np.int64)
+    labels = sorted(set(prog.labels))
+    label_code = {lab: i for i, lab in enumerate(labels)}
+    cmd_label = np.array([label_code[lab] for lab in prog.labels], dtype=np.int32)
     data = {
-        "seq": range(n),
+        "seq": np.arange(n, dtype=np.int64),
         "cmd": cmd,
-        "iter": [iters[c] for c in cmd],
-        "label": [labels[c] for c in cmd],
-        "stage": [STAGE_NAMES[k] for k in t.kind],
-        "engine": [ENGINE_NAMES[e] for e in t.engine],
-        "op_kind": t.op_kind,
-        "phase": [PHASE_NAMES[p] for p in t.phase],
-        "tile": t.tile,
-        "k_tile": t.k_tile,
-        "tensor": t.tensor,
-        "bytes": t.nbytes,
-        "start": start,
-        "end": end,
+        "iter": np.array(prog.iters, dtype=np.int64)[cmd] if n else np.zeros(0, np.int64),
+        "label": pd.Categorical.from_codes(cmd_label[cmd] if n else [], categories=labels),
+        "stage": pd.Categorical.from_codes(np.array(t.kind, dtype=np.int8), categories=STAGE_NAMES),
+        "engine": pd.Categorical.from_codes(np.array(t.engine, dtype=np.int8), categories=ENGINE_NAMES),
+        "op_kind": pd.Categorical(t.op_kind),
+        "phase": pd.Categorical.from_codes(np.array(t.phase, dtype=np.int8), categories=PHASE_NAMES),
+        "tile": np.array(t.tile, dtype=np.int64),
+        "k_tile": np.array(t.k_tile, dtype=np.int64),
+        "tensor": pd.Categorical(t.tensor),
+        "bytes": np.array(t.nbytes, dtype=np.int64),
+        "start": np.array(start, dtype=np.int64),
+        "end": np.array(end, dtype=np.int64),
     }
-    df = pd.DataFrame(data, columns=list(COLUMNS))
-    for col in INT_COLUMNS:
-        df[col] = df[col].astype("int64")
-    return df
+    return pd.DataFrame(data, columns=list(COLUMNS))
 
 
 def check_schema(op_log: pd.DataFrame) -> None:
@@ -75,9 +79,13 @@ def to_csv(op_log: pd.DataFrame, path: str | Path | None = None) -> str:
 
 
 def read_csv(path: str | Path) -> pd.DataFrame:
-    """Read an op_log CSV back (empty strings stay empty, integers stay integers)."""
+    """Read an op_log CSV back with the same dtypes :func:`build_op_log` gives (a lossless round trip)."""
     df = pd.read_csv(path, keep_default_na=False, dtype={c: "int64" for c in INT_COLUMNS})
     check_schema(df)
+    for col, cats in (("stage", STAGE_NAMES), ("engine", ENGINE_NAMES), ("phase", PHASE_NAMES)):
+        df[col] = pd.Categorical(df[col], categories=cats)
+    for col in ("label", "op_kind", "tensor"):
+        df[col] = pd.Categorical(df[col])
     return df
 
 

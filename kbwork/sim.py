@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 from pathlib import Path
-from typing import Any, Callable
+from time import perf_counter
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pandas as pd
@@ -19,6 +22,23 @@ from .pe.timeline import simulate
 from .triton_emu.tl_context import TLContext
 
 MODES = ("data", "timing")
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector.
+
+    A run allocates hundreds of thousands of small acyclic objects (stages,
+    tuples, events); reference counting frees them, and the collector's
+    repeated scans would otherwise cost a third of a timing-mode run.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 class Simulator:
@@ -87,17 +107,27 @@ class Simulator:
         tcm = self.memory.new_tcm()
         ring_bytes = StagingRing(self.topo).total_bytes
         staging = tcm.alloc("<staging buffers>", (ring_bytes // 4,), "fp32")
+        with gc_paused():
+            return self._run(kernel, staging, tcm, args, kwargs)
+
+    def _run(self, kernel, staging, tcm, args, kwargs) -> "Run":
+        t0 = perf_counter()
         tl = TLContext(self.topo, self.memory)
         kernel(tl, *args, **kwargs)
         if not tl.commands:
             raise SimulationError(f"kernel {getattr(kernel, '__name__', kernel)!r} emitted no commands.")
         data = self.mode == "data"
+        t1 = perf_counter()
         prog = schedule(tl.commands, self.topo, waits=tl.waits, with_effects=data, staging_base=staging.addr)
+        t2 = perf_counter()
         executor = DataExecutor(self.memory) if data else None
         start, end = simulate(prog, executor.apply if executor else None)
+        t3 = perf_counter()
         names = dict(self._hbm)
         names.update(tl.names)
-        return Run(self, prog, start, end, names, tcm)
+        run = Run(self, prog, start, end, names, tcm)
+        run.timings = {"emit": t1 - t0, "schedule": t2 - t1, "simulate": t3 - t2}
+        return run
 
 
 class Run:
@@ -120,6 +150,8 @@ class Run:
         self._tcm = tcm
         self._op_log: pd.DataFrame | None = None
         self.cycles = max(end) if end else 0
+        #: wall-clock seconds of each phase (emit, schedule, simulate, op_log), for benchmarks
+        self.timings: dict[str, float] = {}
 
     def __repr__(self) -> str:
         return (f"Run({self.mode}, {len(self.program.commands)} commands, {len(self._end)} stages, "
@@ -136,7 +168,10 @@ class Run:
     @property
     def op_log(self) -> pd.DataFrame:
         if self._op_log is None:
-            self._op_log = build_op_log(self.program, self._start, self._end)
+            t0 = perf_counter()
+            with gc_paused():
+                self._op_log = build_op_log(self.program, self._start, self._end)
+            self.timings["op_log"] = perf_counter() - t0
         return self._op_log
 
     def read(self, handle_or_name: Handle | str) -> np.ndarray:

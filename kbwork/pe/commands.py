@@ -9,6 +9,7 @@ one) GEMM plus each op's :class:`Scope` decide where it runs (see
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -162,6 +163,7 @@ def segments(logical_bytes: int, cap: int) -> int:
     return max(1, -(-logical_bytes // cap))
 
 
+@functools.lru_cache(maxsize=4096)
 def dispatch_cycles(logical_bytes: int, fixed: int, r: Fraction | float | int, cap: int) -> int:
     """``FIXED x segments + ceil(R x logical_bytes)`` in integer cycles.
 

@@ -8,6 +8,7 @@ stages and plain lists of ints are what Python iterates fastest.
 from __future__ import annotations
 
 import enum
+from typing import Sequence
 
 
 class Engine(enum.IntEnum):
@@ -59,35 +60,28 @@ ENGINE_OF_KIND = {
 _ENGINE_INT = [int(ENGINE_OF_KIND[k]) for k in StageKind]
 
 
+_FIELDS = ("kind", "phase", "cmd", "op_kind", "tile", "k_tile", "tensor", "nbytes", "dur", "preds", "effects")
+
+
 class StageTable:
     """Every stage of a program, in creation (``seq``) order.
 
-    Columns: ``kind, phase, cmd, op_kind, tile, k_tile, tensor, nbytes, dur``
-    and ``preds`` (the seqs of the stages it depends on). ``effects[seq]`` is
-    the data-mode effect tuple(s) of the stage, or ``None``; it is only filled
-    when ``with_effects`` is true.
+    Stages are appended as row tuples (cheap while plans are generated) and
+    read as columns — ``kind, engine, phase, cmd, op_kind, tile, k_tile,
+    tensor, nbytes, dur, preds, effects`` — built once after the last append.
+    ``preds`` are the seqs a stage depends on; ``effects[seq]`` is its
+    data-mode effect or ``None`` (only filled when ``with_effects`` is true).
     """
 
-    __slots__ = ("kind", "engine", "phase", "cmd", "op_kind", "tile", "k_tile", "tensor", "nbytes",
-                 "dur", "preds", "effects", "with_effects")
+    __slots__ = ("rows", "with_effects", "_cols")
 
     def __init__(self, with_effects: bool = False):
-        self.kind: list[int] = []
-        self.engine: list[int] = []
-        self.phase: list[int] = []
-        self.cmd: list[int] = []
-        self.op_kind: list[str] = []
-        self.tile: list[int] = []
-        self.k_tile: list[int] = []
-        self.tensor: list[str] = []
-        self.nbytes: list[int] = []
-        self.dur: list[int] = []
-        self.preds: list[tuple[int, ...]] = []
-        self.effects: list[object] = []
+        self.rows: list[tuple] = []
         self.with_effects = with_effects
+        self._cols: dict[str, Sequence] | None = None
 
     def __len__(self) -> int:
-        return len(self.kind)
+        return len(self.rows)
 
     def __repr__(self) -> str:
         return f"StageTable({len(self)} stages)"
@@ -95,22 +89,38 @@ class StageTable:
     def add(self, kind: int, phase: int, cmd: int, op_kind: str, tile: int, k_tile: int, tensor: str,
             nbytes: int, dur: int, preds: tuple[int, ...], effect: object = None) -> int:
         """Append one stage and return its seq."""
-        seq = len(self.kind)
-        self.kind.append(kind)
-        self.engine.append(_ENGINE_INT[kind])
-        self.phase.append(phase)
-        self.cmd.append(cmd)
-        self.op_kind.append(op_kind)
-        self.tile.append(tile)
-        self.k_tile.append(k_tile)
-        self.tensor.append(tensor)
-        self.nbytes.append(nbytes)
-        self.dur.append(dur)
-        self.preds.append(preds)
-        self.effects.append(effect)
-        return seq
+        rows = self.rows
+        rows.append((kind, phase, cmd, op_kind, tile, k_tile, tensor, nbytes, dur, preds, effect))
+        self._cols = None
+        return len(rows) - 1
+
+    def set_effect(self, seq: int, effect: object) -> None:
+        """Replace a stage's data-mode effect."""
+        self.rows[seq] = self.rows[seq][:-1] + (effect,)
+        self._cols = None
+
+    def column(self, name: str) -> Sequence:
+        """One column (a tuple indexed by seq)."""
+        if self._cols is None:
+            cols = list(zip(*self.rows)) if self.rows else [()] * len(_FIELDS)
+            self._cols = dict(zip(_FIELDS, cols))
+            self._cols["engine"] = tuple(map(_ENGINE_INT.__getitem__, self._cols["kind"]))
+        return self._cols[name]
+
+    kind = property(lambda self: self.column("kind"))
+    engine = property(lambda self: self.column("engine"))
+    phase = property(lambda self: self.column("phase"))
+    cmd = property(lambda self: self.column("cmd"))
+    op_kind = property(lambda self: self.column("op_kind"))
+    tile = property(lambda self: self.column("tile"))
+    k_tile = property(lambda self: self.column("k_tile"))
+    tensor = property(lambda self: self.column("tensor"))
+    nbytes = property(lambda self: self.column("nbytes"))
+    dur = property(lambda self: self.column("dur"))
+    preds = property(lambda self: self.column("preds"))
+    effects = property(lambda self: self.column("effects"))
 
     def describe(self, seq: int) -> str:
         """A one-line human description of a stage (for errors and debugging)."""
-        return (f"seq {seq}: {StageKind(self.kind[seq]).name} cmd {self.cmd[seq]} "
-                f"{self.op_kind[seq]} tile {self.tile[seq]} k {self.k_tile[seq]} {self.tensor[seq]}")
+        kind, _, cmd, op_kind, tile, k_tile, tensor = self.rows[seq][:7]
+        return f"seq {seq}: {StageKind(kind).name} cmd {cmd} {op_kind} tile {tile} k {k_tile} {tensor}"

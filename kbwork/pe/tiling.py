@@ -197,6 +197,11 @@ def _plan_math_only(cmd: CompositeCmd, table: StageTable, ring: StagingRing, lat
         if i == 0:  # the head op may stream operands from HBM
             streamed = [(n, h) for n, h in op.operands.items() if not h.pinned]
             if streamed:
+                if len(streamed) > ring.n_buffers:
+                    raise ValidationError(
+                        f"command #{cid}: MATH op {op.kind!r} streams {len(streamed)} operands from HBM "
+                        f"({', '.join(f'{n}={h.name}' for n, h in streamed)}), but a streamed operand needs its own "
+                        f"staging buffer and there are {ring.n_buffers} (tile_buffers). tl.load the others first.")
                 operands = dict(op.operands)
                 reads = []
                 for name, h in streamed:
@@ -347,5 +352,5 @@ def _acc_stage(table: StageTable, lat: Latency, op: OpSpec, phase: int, cid: int
 
 def _attach(table: StageTable, seq: int, effect: tuple) -> None:
     """Add a second effect to a stage (the accumulator write-back into a TCM out)."""
-    cur = table.effects[seq]
-    table.effects[seq] = effect if cur is None else ("multi", cur, effect)
+    cur = table.rows[seq][-1]
+    table.set_effect(seq, effect if cur is None else ("multi", cur, effect))

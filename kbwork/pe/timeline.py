@@ -45,13 +45,20 @@ def successors(prog: Program) -> list[list[int]]:
     return succ
 
 
-def simulate(prog: Program, apply: Callable[[object], None] | None = None) -> tuple[list[int], list[int]]:
+def simulate(prog: Program, apply: Callable[[object], None] | None = None,
+             edges: list[list[int]] | None = None) -> tuple[list[int], list[int]]:
     """Run the program's timeline.
 
     Args:
         prog: the static program from ``scheduler.schedule``.
         apply: data mode: called with each stage's effect when it ends, in
             (end, seq) order. ``None`` for timing mode.
+        edges: if given (one empty list per stage), receives the *dynamic*
+            dependencies the run resolved — queue-slot and ``tl.wait`` waits,
+            hazard holds, the scheduler blocked behind a held command — as the
+            seq of the stage whose end released each stage. With the static
+            ``preds`` they form the resolved stage graph (used by the benchmark
+            to replay the timeline in an independent simulator).
 
     Returns:
         ``(start, end)``: integer cycles of every stage, indexed by seq.
@@ -89,8 +96,14 @@ def simulate(prog: Program, apply: Callable[[object], None] | None = None) -> tu
     held_count: dict[int, int] = {}  # rw_aware: held command -> conflicts left
     waiters: dict[int, list[int]] = {}  # rw_aware: command -> held commands waiting on it
 
-    def release(c: int) -> None:
+    last_completion = (-1, -1)      # (time, stage) of the latest command completion
+    last_release = (-1, -1)         # (time, stage) of the latest strict-FIFO release
+    final_stage = [-1] * ncmd       # the stage that completed each command
+
+    def release(c: int, by: int = -1) -> None:
         for u in succ[plan_seq[c]]:
+            if edges is not None and by >= 0:
+                edges[u].append(by)
             remaining[u] -= 1
             if remaining[u] == 0:
                 heappush(ready[engine[u]], u)
@@ -116,19 +129,22 @@ def simulate(prog: Program, apply: Callable[[object], None] | None = None) -> tu
                     completed[c] = True
                     in_flight -= 1
                     active.remove(c)
+                    final_stage[c] = s
+                    last_completion = (t, s)
                     while first_incomplete < ncmd and completed[first_incomplete]:
                         first_incomplete += 1
                     if strict:
                         if held_strict >= 0 and first_incomplete >= held_strict:
                             h = held_strict
                             held_strict = -1
-                            release(h)
+                            last_release = (t, s)
+                            release(h, s)
                     else:
                         for h in waiters.pop(c, ()):
                             held_count[h] -= 1
                             if held_count[h] == 0:
                                 del held_count[h]
-                                release(h)
+                                release(h, s)
             elif k == _DISPATCH:
                 dispatched_end += 1
             else:  # PLAN: hazard check against every earlier incomplete command
@@ -148,6 +164,10 @@ def simulate(prog: Program, apply: Callable[[object], None] | None = None) -> tu
             c = next_dispatch
             if all(completed[w] for w in waits[c]):
                 s = dispatch_seq[c]
+                if edges is not None:
+                    edges[s].extend(final_stage[w] for w in waits[c])
+                    if last_completion[0] == t:
+                        edges[s].append(last_completion[1])
                 start[s] = t
                 end[s] = t + dur[s]
                 heappush(events, (end[s], s))
@@ -157,6 +177,8 @@ def simulate(prog: Program, apply: Callable[[object], None] | None = None) -> tu
                 next_dispatch += 1
         if not busy[1] and next_plan < dispatched_end and held_strict < 0:
             s = plan_seq[next_plan]
+            if edges is not None and last_release[0] == t:
+                edges[s].append(last_release[1])
             start[s] = t
             end[s] = t + dur[s]
             heappush(events, (end[s], s))

@@ -54,6 +54,7 @@ class TLContext:
         self._iter = -1
         self._scopes: list[tuple[int, int]] = []
         self._recipe_scratch: dict[tuple, dict[str, Handle]] = {}
+        self._recipe_expansions: dict[tuple, tuple] = {}
 
     def __repr__(self) -> str:
         return f"TLContext({len(self.commands)} commands, iter={self._iter}, {len(self._scopes)} open scratch scopes)"
@@ -232,6 +233,17 @@ class TLContext:
                        head_kwargs: dict[str, Handle | None]):
         where = f"recipe {rd.name!r}"
         given = {k: v for k, v in entry.items() if k not in ("op", "scope")}
+        # A loop expands the same recipe on the same handles again and again; with
+        # kernel-scope scratch the result is identical, so reuse it.
+        key = None
+        if not self._scopes:
+            try:
+                key = (rd.name, op, tuple(given.items()), tuple(k for k, v in head_kwargs.items() if v is not None))
+                hit = self._recipe_expansions.get(key)
+            except TypeError:  # something unhashable: the checks below will name it
+                key = hit = None
+            if hit is not None:
+                return hit
         missing = [n for n in rd.operands if n not in given]
         extra = [n for n in given if n not in rd.operands]
         if missing or extra:
@@ -281,7 +293,10 @@ class TLContext:
             specs.append(OpSpec(step.kind, Scope.KERNEL, operands, {}, env[step.dst]))
         rw = [given[n] for n in rd.rw_operands]
         bound = {po.binds: scratch[po.name]} if po is not None else {}
-        return specs, rw, list(scratch.values()), bound
+        result = (specs, rw, list(scratch.values()), bound)
+        if key is not None:
+            self._recipe_expansions[key] = result
+        return result
 
     def _recipe_scratch_for(self, rd: RecipeDescriptor, given: Mapping[str, Handle]) -> dict[str, Handle]:
         """Allocate the recipe's scratch in the active scratch scope, or reuse a kernel-scope set.
@@ -369,12 +384,42 @@ def _math_head(math_op, a, b, c, out, value, factor) -> OpSpec:
 
 
 # --- validation (shared by both forms) ----------------------------------------------------------
+def _signature(ops: tuple[OpSpec, ...]) -> tuple | None:
+    """Everything validity depends on (kinds, scopes, spaces, shapes, dtypes, scalars), or None."""
+    try:
+        return tuple(
+            (o.kind, o.scope,
+             tuple((n, h.space, h.shape, h.dtype) for n, h in o.operands.items()),
+             None if o.out is None else (o.out.space, o.out.shape, o.out.dtype),
+             tuple(o.extra.items()) if o.kind == "gemm" else tuple(o.extra))
+            for o in ops)
+    except (AttributeError, TypeError):  # not handles: let the full check say what is wrong
+        return None
+
+
+#: Signatures of op lists that passed validation: a loop emits the same shapes again and again.
+_VALID_SIGNATURES: set[tuple] = set()
+
+
 def validate_ops(ops: tuple[OpSpec, ...], where: str = "composite") -> None:
     """Check a flat op list against DESIGN.md §3 invariants.
+
+    Validity depends only on the ops' signature (kinds, scopes, operand
+    spaces/shapes/dtypes, scalars), so a signature that passed once is not
+    checked again.
 
     Raises:
         ValidationError: naming the op (position and kind), the operand and the fix.
     """
+    sig = _signature(ops)
+    if sig is not None and sig in _VALID_SIGNATURES:
+        return
+    _validate_ops(ops, where)
+    if sig is not None:
+        _VALID_SIGNATURES.add(sig)
+
+
+def _validate_ops(ops: tuple[OpSpec, ...], where: str) -> None:
     if not ops:
         raise ValidationError(f"{where}: a composite needs at least one op.")
     gemms = [i for i, o in enumerate(ops) if o.kind == "gemm"]
@@ -426,6 +471,10 @@ def validate_ops(ops: tuple[OpSpec, ...], where: str = "composite") -> None:
                 raise ValidationError(f"{w}: other={other.name} has shape {other.shape}, the GEMM output "
                                       f"{ops[head].out.name} has {ops[head].out.shape}; they must match.")
         else:
+            if gemms and i > head and info.accumulator and target.space != Space.TCM:
+                raise ValidationError(f"{w}: post-loop {o.kind} updates {target.name} in place, but {target.name} "
+                                      f"is in HBM; MATH ops work on TCM. Give the GEMM a TCM out (tl.alloc) and "
+                                      f"tl.store it, or use scope 'output_tile' to {o.kind} the accumulator.")
             _check_math(o, w, target)
         if o.out is not None:
             target = o.out
