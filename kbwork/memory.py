@@ -113,8 +113,9 @@ class Handle:
             raise ValidationError(f"handle {self.name!r}: only contiguous row slices h[a:b] are supported, "
                                   f"got {key!r}.")
         rows = self.shape[0]
-        start, stop, _ = key.indices(rows)
-        if not (0 <= start < stop <= rows):
+        start = 0 if key.start is None else key.start
+        stop = rows if key.stop is None else key.stop
+        if not (isinstance(start, int) and isinstance(stop, int) and 0 <= start < stop <= rows):
             raise ValidationError(f"handle {self.name!r}: row slice [{key.start}:{key.stop}] is empty or out of "
                                   f"range for {rows} rows.")
         row_bytes = self.nbytes // rows
