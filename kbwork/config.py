@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import numbers
 import tomllib
@@ -196,12 +197,20 @@ def load_topology(name_or_path: str | Path | None = None, **overrides: Any) -> T
         known = sorted(p.stem for p in TOPOLOGY_DIR.glob("*.toml")) if TOPOLOGY_DIR.is_dir() else []
         raise ConfigError(f"topology {str(name)!r} not found (looked for {path}). "
                           f"Known topologies: {', '.join(known) or 'none'}; or pass a path to a .toml file.")
+    base = _load_file(str(path.resolve()), path.stat().st_mtime_ns)
+    if not overrides:
+        return base
+    _check_keys(overrides, where="override")
+    return dataclasses.replace(base, **overrides)
+
+
+@functools.lru_cache(maxsize=32)
+def _load_file(path: str, mtime_ns: int) -> Topology:
+    """Parse and validate a topology file (cached until the file changes)."""
     try:
-        doc = tomllib.loads(path.read_text())
+        doc = tomllib.loads(Path(path).read_text())
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    flat = _flatten(doc, str(path))
-    _check_keys(flat, where=str(path))
-    _check_keys(overrides, where="override")
-    flat.update(overrides)
-    return Topology(**flat, source=str(path))
+    flat = _flatten(doc, path)
+    _check_keys(flat, where=path)
+    return Topology(**flat, source=path)

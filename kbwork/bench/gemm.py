@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from .sim import Simulator
+from ..sim import Simulator
 
 
 class _TimedSimulator(Simulator):
@@ -44,7 +44,7 @@ def _measure(make: Callable[[Simulator], Any], mode: str, repeats: int) -> tuple
 
 
 def gemm_cases(scales: list[int]) -> list[tuple[str, int, Callable[[Simulator], Any]]]:
-    from .kernels.gemm import BENCHES
+    from ..kernels.gemm import BENCHES
 
     cases = []
     for name in ("gemm_hbm", "gemm_pinned_a", "gemm_epilogues"):

@@ -120,11 +120,11 @@ class CompositeCmd:
     scratch: tuple[Handle, ...] = ()
     label: str = ""
     iter: int = -1
+    #: Sum of the ops' logical bytes (ADR-0064 D2), computed once.
+    logical_bytes: int = field(init=False, repr=False, compare=False)
 
-    @property
-    def logical_bytes(self) -> int:
-        """Sum of the ops' logical bytes (ADR-0064 D2)."""
-        return sum(op.logical_bytes for op in self.ops)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "logical_bytes", sum(op.logical_bytes for op in self.ops))
 
     def __repr__(self) -> str:
         it = f", iter={self.iter}" if self.iter >= 0 else ""

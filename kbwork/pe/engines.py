@@ -28,6 +28,7 @@ class Latency:
         self._gemm_base, self._mr, self._mc = t.gemm_base_cycles, t.mac_rows, t.mac_cols
         self._math_base, self._math_bw = t.math_base_cycles, t.math_elements_per_cycle
         self._cost_exp, self._cost_other = t.math_cost_exp, t.math_cost_other
+        self._math_cache: dict[tuple[str, int, int], int] = {}
 
     def __repr__(self) -> str:
         return f"Latency({self.topo.name})"
@@ -50,6 +51,13 @@ class Latency:
 
     def math(self, kind: str, n_elements: int, row_len: int = 1) -> int:
         """One MATH op: ``8 + ceil(n / 64) x cost(kind)`` (+ ``ceil(log2(row_len))`` for reductions)."""
+        key = (kind, n_elements, row_len)
+        cycles = self._math_cache.get(key)
+        if cycles is None:
+            cycles = self._math_cache[key] = self._math(kind, n_elements, row_len)
+        return cycles
+
+    def _math(self, kind: str, n_elements: int, row_len: int) -> int:
         info = OPS[kind]
         cost = self._cost_exp if info.exp_cost else self._cost_other
         cycles = self._math_base + (-(-n_elements // self._math_bw)) * cost

@@ -11,7 +11,7 @@ The dynamic part (queue depth, hazard holds, engine arbitration) happens in
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from ..config import Topology
 from ..memory import Handle, Space
@@ -24,13 +24,9 @@ from .tiling import StagingRing, generate_plan_from_ops
 Range = tuple[bool, int, int]
 
 
-def _ranges(handles: Sequence[Handle], exclude: set[Range]) -> tuple[Range, ...]:
-    out: list[Range] = []
-    for h in handles:
-        r = (h.space == Space.TCM, h.addr, h.end)
-        if r not in exclude and r not in out:
-            out.append(r)
-    return tuple(out)
+def _ranges(handles: Iterable[Handle], exclude: set[Range]) -> tuple[Range, ...]:
+    rs = dict.fromkeys((h.space is Space.TCM, h.addr, h.end) for h in handles)
+    return tuple(r for r in rs if r not in exclude) if exclude else tuple(rs)
 
 
 def footprint(cmd: Command) -> tuple[tuple[Range, ...], tuple[Range, ...]]:
@@ -40,11 +36,16 @@ def footprint(cmd: Command) -> tuple[tuple[Range, ...], tuple[Range, ...]]:
     ``rw_handles``. Composite-internal scratch counts for neither.
     """
     if isinstance(cmd, DmaCmd):
-        return _ranges((cmd.src,), set()), _ranges((cmd.dst,), set())
-    scratch = {(h.space == Space.TCM, h.addr, h.end) for h in cmd.scratch}
-    reads = [h for op in cmd.ops for h in op.operands.values()]
-    writes = [op.out for op in cmd.ops if op.out is not None] + list(cmd.rw_handles)
+        return _ranges((cmd.src,), _NONE), _ranges((cmd.dst,), _NONE)
+    scratch = {(h.space is Space.TCM, h.addr, h.end) for h in cmd.scratch} if cmd.scratch else _NONE
+    ops = cmd.ops
+    reads = [h for op in ops for h in op.operands.values()]
+    writes = [op.out for op in ops if op.out is not None]
+    writes += cmd.rw_handles
     return _ranges(reads, scratch), _ranges(writes, scratch)
+
+
+_NONE: set[Range] = set()
 
 
 def _overlap(xs: tuple[Range, ...], ys: tuple[Range, ...]) -> bool:

@@ -25,7 +25,7 @@ the n-th read into a slot waits for the consumer of read n - tile_buffers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..config import Topology
 from ..errors import ValidationError
@@ -86,8 +86,7 @@ class StagingRing:
         return Handle(f"<staging {slot}{buf}>", Space.TCM, self.addrs[slot][buf], shape, dtype, True)
 
 
-@dataclass(frozen=True)
-class PipelinePlan:
+class PipelinePlan(NamedTuple):
     """The stages of one command: ``table`` rows ``first_seq .. end_seq - 1``.
 
     ``prologue_stages`` / ``epilogue_stages`` are the single-shot stages before

@@ -1,0 +1,176 @@
+"""The benchmark: how fast kbwork simulates, against what a researcher would otherwise use.
+
+``python -m kbwork.bench`` (or ``kbwork bench``) runs GQA decode opt2 and
+opt3 at kv lengths from 1k to 1M tokens (tile 128) in timing and data mode
+and reports, per case: stages simulated, median wall time, stages per
+second, op_log bytes per stage and time per tile. In the same run it replays
+each timing-mode stage graph in SimPy (checking every start and end against
+kbwork's), runs the bare heap floor on it, and times one vectorised numpy
+attention for data mode. ``--suite gemm`` times the GEMM benches instead.
+
+This is a benchmark, not a test: it prints figures and asserts nothing about
+speed. The only thing it checks is that SimPy and kbwork agree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from ..progress import progress
+
+DEFAULT_KV = (1024, 4096, 32768, 131072, 1048576)
+OUT_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+
+
+def _median_time(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
+    times, last = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        last = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), last
+
+
+def _repeats(stages: int) -> int:
+    return 7 if stages < 20_000 else 5 if stages < 100_000 else 3
+
+
+def decode_case(variant: str, kv_len: int, tile: int, mode: str, with_refs: bool) -> dict[str, Any]:
+    """Time one decode case (and, in timing mode, its references)."""
+    from .. import decode
+    from .references import heap_floor, numpy_attention, resolved_graph, simpy_replay
+
+    def once():
+        r = decode.run(variant, kv_len=kv_len, tile=tile, mode=mode)
+        _ = r.op_log
+        return r
+
+    probe = once()
+    stages = probe.run.n_stages
+    wall, r = _median_time(once, _repeats(stages) if mode == "timing" else 3)
+    log = r.op_log
+    n_tiles = kv_len // tile
+    row: dict[str, Any] = {
+        "variant": variant, "kv_len": kv_len, "tile": tile, "mode": mode, "stages": stages,
+        "commands": len(r.run.commands), "cycles": r.cycles, "wall_s": wall, "stages_per_s": stages / wall,
+        "us_per_tile": wall / n_tiles * 1e6,
+        "op_log_bytes_per_stage": float(log.memory_usage(deep=True).sum()) / stages,
+        **{f"{k}_s": v for k, v in r.run.timings.items()},
+    }
+    if mode == "timing" and with_refs:
+        g = resolved_graph(r.run.program)
+        sim_only = min(_median_time(lambda: resolved_graph(r.run.program), 3)[0], r.run.timings["simulate"])
+        t_simpy, (s, e) = _median_time(lambda: simpy_replay(g), 1 if stages > 50_000 else 3)
+        t_floor, _ = _median_time(lambda: heap_floor(g), 5)
+        row.update({
+            "simpy_s": t_simpy, "simpy_match": bool(s == g.start and e == g.end),
+            "simpy_stages_per_s": stages / t_simpy,
+            "speed_vs_simpy": t_simpy / wall, "simulate_speed_vs_simpy": t_simpy / sim_only,
+            "floor_s": t_floor, "time_vs_floor": wall / t_floor, "simulate_time_vs_floor": sim_only / t_floor,
+        })
+    if mode == "data":
+        q, k, v = r.q, r.k, r.v
+        t_np, _ = _median_time(lambda: numpy_attention(q, k, v), 5)
+        row.update({"numpy_s": t_np, "time_vs_numpy": wall / t_np})
+    return row
+
+
+def compare_case(kv_len: int, budget_ms: float) -> dict[str, Any]:
+    """Median wall time of ``decode.compare`` (both variants, timing mode)."""
+    from .. import decode
+
+    wall, _ = _median_time(lambda: decode.compare(kv_len=kv_len, mode="timing"), 7 if kv_len <= 32768 else 5)
+    return {"kv_len": kv_len, "compare_ms": wall * 1e3, "budget_ms": budget_ms, "within_budget": wall * 1e3 <= budget_ms}
+
+
+def run_decode_suite(kv_lens: list[int], modes: list[str], tile: int = 128, with_refs: bool = True,
+                     data_max_kv: int = 1 << 20, show_progress: bool = True) -> dict[str, Any]:
+    cases = [(v, kv, m) for kv in kv_lens for m in modes for v in ("opt2", "opt3")
+             if not (m == "data" and kv > data_max_kv)]
+    rows = [decode_case(v, kv, tile, m, with_refs)
+            for v, kv, m in progress(cases, desc="decode", enabled=show_progress)]
+    compares = [compare_case(kv, budget) for kv, budget in ((32768, 100.0), (131072, 400.0))]
+    return {"rows": rows, "compare": compares}
+
+
+def summarize(result: dict[str, Any]) -> list[str]:
+    """Derived figures: data/timing ratio at 128k, time-per-tile spread, worst op_log bytes per stage."""
+    rows = result["rows"]
+    lines = []
+    by = {(r["variant"], r["kv_len"], r["mode"]): r for r in rows}
+    for v in ("opt2", "opt3"):
+        t = [r["us_per_tile"] for r in rows if r["variant"] == v and r["mode"] == "timing"]
+        if t:
+            mid = statistics.median(t)
+            lines.append(f"{v} timing: time per tile {min(t):.1f}-{max(t):.1f} us "
+                         f"({(min(t) / mid - 1) * 100:+.0f}% / {(max(t) / mid - 1) * 100:+.0f}% around the median)")
+        d, tm = by.get((v, 131072, "data")), by.get((v, 131072, "timing"))
+        if d and tm:
+            lines.append(f"{v} at 128k: data mode takes {d['wall_s'] / tm['wall_s']:.2f}x timing mode")
+    b = max(r["op_log_bytes_per_stage"] for r in rows)
+    lines.append(f"op_log: at most {b:.0f} bytes per stage")
+    for c in result["compare"]:
+        lines.append(f"decode.compare at {c['kv_len']}: {c['compare_ms']:.0f} ms (budget {c['budget_ms']:.0f} ms)")
+    return lines
+
+
+def format_rows(rows: list[dict[str, Any]]) -> str:
+    head = (f"{'variant':<7}{'kv_len':>9}{'mode':>7}{'stages':>9}{'wall ms':>10}{'stages/s':>11}{'us/tile':>9}"
+            f"{'B/stage':>8}{'xSimPy':>8}{'sim xSimPy':>11}{'x floor':>8}{'sim x floor':>12}{'x numpy':>8}")
+    out = [head, "-" * len(head)]
+    for r in rows:
+        def f(key, fmt):
+            return format(r[key], fmt) if key in r else ""
+        out.append(f"{r['variant']:<7}{r['kv_len']:>9}{r['mode']:>7}{r['stages']:>9}{r['wall_s'] * 1e3:>10.1f}"
+                   f"{r['stages_per_s']:>11,.0f}{r['us_per_tile']:>9.1f}{r['op_log_bytes_per_stage']:>8.0f}"
+                   f"{f('speed_vs_simpy', '.1f'):>8}{f('simulate_speed_vs_simpy', '.1f'):>11}"
+                   f"{f('time_vs_floor', '.1f'):>8}{f('simulate_time_vs_floor', '.1f'):>12}{f('time_vs_numpy', '.0f'):>8}")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="kbwork bench", description=__doc__.splitlines()[0])
+    p.add_argument("--suite", choices=["decode", "gemm"], default="decode")
+    p.add_argument("--kv-lens", default=",".join(map(str, DEFAULT_KV)), help="decode kv lengths (comma-separated)")
+    p.add_argument("--modes", default="timing,data", help="comma-separated modes (default timing,data)")
+    p.add_argument("--no-refs", action="store_true", help="skip the SimPy replay and the heap floor")
+    p.add_argument("--out", type=Path, default=OUT_DIR, help=f"directory for the CSV/JSON (default {OUT_DIR})")
+    p.add_argument("--scales", default="1,2,4,8,12", help="GEMM suite: size multipliers")
+    p.add_argument("--repeats", type=int, default=3, help="GEMM suite: runs per case")
+    args = p.parse_args(argv)
+    if args.suite == "gemm":
+        from .gemm import main as gemm_main
+
+        return gemm_main(["--scales", args.scales, "--repeats", str(args.repeats)])
+    if not args.no_refs:
+        try:
+            import simpy  # noqa: F401
+        except ImportError:
+            print("kbwork bench: the SimPy reference needs simpy (pip install -e '.[bench]'), or pass --no-refs",
+                  file=sys.stderr)
+            return 2
+    result = run_decode_suite([int(x) for x in args.kv_lens.split(",")], args.modes.split(","),
+                              with_refs=not args.no_refs)
+    result["machine"] = {"python": platform.python_version(), "platform": platform.platform(),
+                         "processor": platform.processor(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    print(format_rows(result["rows"]))
+    print()
+    for line in summarize(result):
+        print(line)
+    bad = [r for r in result["rows"] if r.get("simpy_match") is False]
+    for r in bad:
+        print(f"MISMATCH: SimPy and kbwork disagree on {r['variant']} kv_len {r['kv_len']}", file=sys.stderr)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "decode.json").write_text(json.dumps(result, indent=1, default=float))
+    import pandas as pd
+
+    pd.DataFrame(result["rows"]).to_csv(args.out / "decode.csv", index=False, lineterminator="\n")
+    print(f"\nwrote {args.out / 'decode.csv'} and {args.out / 'decode.json'}", file=sys.stderr)
+    return 1 if bad else 0
