@@ -27,6 +27,19 @@ STAGE_NAMES = tuple(k.name for k in StageKind)
 PHASE_NAMES = tuple(p.label for p in Phase)
 
 
+_STAGE_DTYPE = pd.CategoricalDtype(STAGE_NAMES)
+_ENGINE_DTYPE = pd.CategoricalDtype(ENGINE_NAMES)
+_PHASE_DTYPE = pd.CategoricalDtype(PHASE_NAMES)
+
+
+def _categorical(values: Sequence[str]) -> pd.Categorical:
+    """A categorical with sorted categories (the same categories ``read_csv`` rebuilds)."""
+    cats = sorted(set(values))
+    index = {c: i for i, c in enumerate(cats)}
+    codes = np.fromiter(map(index.__getitem__, values), dtype=np.int32, count=len(values))
+    return pd.Categorical.from_codes(codes, dtype=pd.CategoricalDtype(cats))
+
+
 def build_op_log(prog: Program, start: Sequence[int], end: Sequence[int]) -> pd.DataFrame:
     """Assemble the op_log DataFrame of a simulated program (rows in seq order).
 
@@ -43,19 +56,19 @@ def build_op_log(prog: Program, start: Sequence[int], end: Sequence[int]) -> pd.
         "seq": np.arange(n, dtype=np.int64),
         "cmd": cmd,
         "iter": np.array(prog.iters, dtype=np.int64)[cmd] if n else np.zeros(0, np.int64),
-        "label": pd.Categorical.from_codes(cmd_label[cmd] if n else [], categories=labels),
-        "stage": pd.Categorical.from_codes(np.array(t.kind, dtype=np.int8), categories=STAGE_NAMES),
-        "engine": pd.Categorical.from_codes(np.array(t.engine, dtype=np.int8), categories=ENGINE_NAMES),
-        "op_kind": pd.Categorical(t.op_kind),
-        "phase": pd.Categorical.from_codes(np.array(t.phase, dtype=np.int8), categories=PHASE_NAMES),
+        "label": pd.Categorical.from_codes(cmd_label[cmd] if n else [], dtype=pd.CategoricalDtype(labels)),
+        "stage": pd.Categorical.from_codes(np.array(t.kind, dtype=np.int8), dtype=_STAGE_DTYPE),
+        "engine": pd.Categorical.from_codes(np.array(t.engine, dtype=np.int8), dtype=_ENGINE_DTYPE),
+        "op_kind": _categorical(t.op_kind),
+        "phase": pd.Categorical.from_codes(np.array(t.phase, dtype=np.int8), dtype=_PHASE_DTYPE),
         "tile": np.array(t.tile, dtype=np.int64),
         "k_tile": np.array(t.k_tile, dtype=np.int64),
-        "tensor": pd.Categorical(t.tensor),
+        "tensor": _categorical(t.tensor),
         "bytes": np.array(t.nbytes, dtype=np.int64),
         "start": np.array(start, dtype=np.int64),
         "end": np.array(end, dtype=np.int64),
     }
-    return pd.DataFrame(data, columns=list(COLUMNS))
+    return pd.DataFrame(data, copy=False)
 
 
 def check_schema(op_log: pd.DataFrame) -> None:
@@ -82,10 +95,10 @@ def read_csv(path: str | Path) -> pd.DataFrame:
     """Read an op_log CSV back with the same dtypes :func:`build_op_log` gives (a lossless round trip)."""
     df = pd.read_csv(path, keep_default_na=False, dtype={c: "int64" for c in INT_COLUMNS})
     check_schema(df)
-    for col, cats in (("stage", STAGE_NAMES), ("engine", ENGINE_NAMES), ("phase", PHASE_NAMES)):
-        df[col] = pd.Categorical(df[col], categories=cats)
+    for col, dtype in (("stage", _STAGE_DTYPE), ("engine", _ENGINE_DTYPE), ("phase", _PHASE_DTYPE)):
+        df[col] = pd.Categorical(df[col], dtype=dtype)
     for col in ("label", "op_kind", "tensor"):
-        df[col] = pd.Categorical(df[col])
+        df[col] = _categorical(list(df[col]))
     return df
 
 
@@ -118,7 +131,7 @@ def to_perfetto(op_log: pd.DataFrame, path: str | Path | None = None, clock_ghz:
                      "start_cycle": int(start), "end_cycle": int(end)},
         })
     trace = {"traceEvents": events, "displayTimeUnit": "ns",
-             "metadata": {"clock_ghz": clock_ghz, "source": "kbwork"}}
+             "otherData": {"clock_ghz": clock_ghz, "source": "kbwork"}}
     if path is not None:
         Path(path).write_text(json.dumps(trace, separators=(",", ":")))
     return trace

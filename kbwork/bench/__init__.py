@@ -57,18 +57,24 @@ def decode_case(variant: str, kv_len: int, tile: int, mode: str, with_refs: bool
     wall, r = _median_time(once, _repeats(stages) if mode == "timing" else 3)
     log = r.op_log
     n_tiles = kv_len // tile
+    sim_s = sum(r.run.timings.values())  # emit + schedule + simulate + op_log, without making inputs
     row: dict[str, Any] = {
         "variant": variant, "kv_len": kv_len, "tile": tile, "mode": mode, "stages": stages,
-        "commands": len(r.run.commands), "cycles": r.cycles, "wall_s": wall, "stages_per_s": stages / wall,
+        "commands": len(r.run.commands), "cycles": r.cycles, "wall_s": wall, "sim_s": sim_s,
+        "stages_per_s": stages / wall,
         "us_per_tile": wall / n_tiles * 1e6,
         "op_log_bytes_per_stage": float(log.memory_usage(deep=True).sum()) / stages,
         **{f"{k}_s": v for k, v in r.run.timings.items()},
     }
     if mode == "timing" and with_refs:
-        g = resolved_graph(r.run.program)
-        sim_only = min(_median_time(lambda: resolved_graph(r.run.program), 3)[0], r.run.timings["simulate"])
-        t_simpy, (s, e) = _median_time(lambda: simpy_replay(g), 1 if stages > 50_000 else 3)
-        t_floor, _ = _median_time(lambda: heap_floor(g), 5)
+        from ..sim import gc_paused
+
+        # the references run under the same conditions as kbwork: cyclic GC paused
+        with gc_paused():
+            g = resolved_graph(r.run.program)
+            t_simpy, (s, e) = _median_time(lambda: simpy_replay(g), 1 if stages > 50_000 else 3)
+            t_floor, _ = _median_time(lambda: heap_floor(g), 5)
+        sim_only = r.run.timings["simulate"]
         row.update({
             "simpy_s": t_simpy, "simpy_match": bool(s == g.start and e == g.end),
             "simpy_stages_per_s": stages / t_simpy,
@@ -111,9 +117,16 @@ def summarize(result: dict[str, Any]) -> list[str]:
             mid = statistics.median(t)
             lines.append(f"{v} timing: time per tile {min(t):.1f}-{max(t):.1f} us "
                          f"({(min(t) / mid - 1) * 100:+.0f}% / {(max(t) / mid - 1) * 100:+.0f}% around the median)")
+        t_rows = sorted((r for r in rows if r["variant"] == v and r["mode"] == "timing"), key=lambda r: r["kv_len"])
+        if len(t_rows) >= 2:  # marginal cost of one more tile between consecutive sizes
+            marg = [(b["wall_s"] - a["wall_s"]) / ((b["kv_len"] - a["kv_len"]) / a["tile"]) * 1e6
+                    for a, b in zip(t_rows, t_rows[1:])]
+            lines.append(f"{v} timing: marginal time per tile between consecutive sizes: "
+                         + ", ".join(f"{m:.0f}" for m in marg) + " us")
         d, tm = by.get((v, 131072, "data")), by.get((v, 131072, "timing"))
         if d and tm:
-            lines.append(f"{v} at 128k: data mode takes {d['wall_s'] / tm['wall_s']:.2f}x timing mode")
+            lines.append(f"{v} at 128k: data mode takes {d['sim_s'] / tm['sim_s']:.2f}x timing mode "
+                         f"({d['wall_s'] / tm['wall_s']:.2f}x counting the making of the random inputs)")
     b = max(r["op_log_bytes_per_stage"] for r in rows)
     lines.append(f"op_log: at most {b:.0f} bytes per stage")
     for c in result["compare"]:
