@@ -144,6 +144,7 @@ class Arena:
         self.top = 0
         self.live: list[Handle] = []
         self.buf = np.zeros(capacity if (backed and capacity is not None) else 0, dtype=np.uint8)
+        self._views: dict[tuple, np.ndarray] = {}  # (addr, shape, dtype) -> view of buf
 
     def __repr__(self) -> str:
         cap = "unbounded" if self.capacity is None else f"{self.capacity} B"
@@ -178,6 +179,7 @@ class Arena:
             grown = np.zeros(max(self.top, 2 * self.buf.size), dtype=np.uint8)
             grown[: self.buf.size] = self.buf
             self.buf = grown
+            self._views.clear()  # the old views point into the old buffer
         return h
 
     def mark(self) -> tuple[int, int]:
@@ -190,14 +192,25 @@ class Arena:
     # --- data access (backed arenas only) -------------------------------------------
     def view(self, h: Handle) -> np.ndarray:
         """The handle's elements as a numpy array view (writable) of this arena."""
-        return self.buf[h.addr:h.end].view(DTYPES[h.dtype]).reshape(h.shape)
+        key = (h.addr, h.shape, h.dtype)
+        v = self._views.get(key)
+        if v is None:
+            v = self._views[key] = self.buf[h.addr:h.end].view(DTYPES[h.dtype]).reshape(h.shape)
+        return v
 
     def read_f32(self, h: Handle) -> np.ndarray:
-        return self.view(h).astype(np.float32)
+        """The handle's elements as float32: a view when already fp32, else a converted copy.
+
+        Callers must not write into the result.
+        """
+        v = self.view(h)
+        return v if v.dtype == np.float32 else v.astype(np.float32)
 
     def write(self, h: Handle, values: np.ndarray) -> None:
-        """Write ``values`` into the handle, rounding to its dtype."""
-        self.view(h)[...] = np.asarray(values).astype(DTYPES[h.dtype], copy=False)
+        """Write ``values`` (broadcast to the handle's shape) into the handle, rounding to its dtype."""
+        v = self.view(h)
+        values = np.asarray(values)
+        v[...] = values if values.dtype == v.dtype else values.astype(v.dtype)
 
 
 def _check_shape(name: str, shape: object) -> tuple[int, ...]:

@@ -95,7 +95,7 @@ class DataExecutor:
         return v[r0:r1, c0:c1] if v.ndim == 2 else v[c0:c1]
 
     def _f32(self, h: Handle) -> np.ndarray:
-        return self.mem.arena(h).view(h).astype(np.float32)
+        return self.mem.arena(h).read_f32(h)  # read-only: every op below returns a new array
 
     def apply(self, effect: tuple) -> None:
         op = effect[0]
@@ -117,7 +117,7 @@ class DataExecutor:
             self.acc[acc_key] = prod if first else self.acc[acc_key] + prod
         elif op == "acc":
             _, kind, acc_key, other, extra = effect
-            args = {"other": self._block(*other).astype(np.float32)} if other is not None else {}
+            args = {"other": np.asarray(self._block(*other), dtype=np.float32)} if other is not None else {}
             self.acc[acc_key] = apply_math(kind, args, extra, self.acc[acc_key])
         elif op == "store_acc":
             _, acc_key, out, r0, r1, c0, c1 = effect
@@ -130,7 +130,7 @@ class DataExecutor:
                 arena.view(out)[...] = np.float32(extra["value"])
                 return
             args = {name: self._f32(h) for name, h in operands.items()}
-            arena.write(out, np.broadcast_to(apply_math(kind, args, extra), out.shape))
+            arena.write(out, apply_math(kind, args, extra))
         elif op == "math_acc":
             _, kind, target, operands, extra = effect
             args = {name: self._f32(h) for name, h in operands.items()}
