@@ -32,6 +32,21 @@ def dispatch_per_tile(op_log: pd.DataFrame) -> pd.Series:
     return s.astype("int64")
 
 
+def _sum_by_iter(values: np.ndarray, iters: np.ndarray, name: str) -> pd.Series:
+    keep = iters >= 0
+    it, vals = iters[keep], values[keep]
+    if not len(it):
+        return pd.Series([], dtype="int64", name=name, index=pd.Index([], name="iter"))
+    sums = np.bincount(it, weights=vals, minlength=int(it.max()) + 1).astype(np.int64)
+    present = np.unique(it)
+    return pd.Series(sums[present], index=pd.Index(present, name="iter"), name=name)
+
+
+def dispatch_per_tile_from_run(run) -> pd.Series:
+    """:func:`dispatch_per_tile` computed from a :class:`~kbwork.Run` without building its op_log."""
+    return _sum_by_iter(run.dispatch_cycles(), np.asarray(run.program.iters, dtype=np.int64), "dispatch_cycles")
+
+
 def command_bytes_per_tile(commands: Sequence[Command]) -> dict[int, list[int]]:
     """Logical bytes of every command, grouped by ``iter`` (commands with iter -1 left out)."""
     out: dict[int, list[int]] = {}
@@ -47,10 +62,13 @@ def closed_form(command_bytes: Iterable[int], fixed: int, r: float | Fraction, c
 
 
 def closed_form_per_tile(commands: Sequence[Command], topo: Topology) -> pd.Series:
-    """The closed-form per-tile dispatch of a program's commands under ``topo``'s calibration."""
-    per = {j: closed_form(bs, topo.fixed_cycles, topo.r_fraction, topo.max_composite_logical_bytes)
-           for j, bs in command_bytes_per_tile(commands).items()}
-    return pd.Series(per, name="closed_form_cycles", dtype="int64").rename_axis("iter")
+    """The closed-form per-tile dispatch of a program's commands under ``topo``'s calibration:
+    ``Σ FIXED·segments + ceil(R·bytes)`` over each tile's commands, from their logical bytes."""
+    fixed, r, cap = topo.fixed_cycles, topo.r_fraction, topo.max_composite_logical_bytes
+    cost = {b: dispatch_cycles(b, fixed, r, cap) for b in {c.logical_bytes for c in commands}}
+    cycles = np.fromiter((cost[c.logical_bytes] for c in commands), dtype=np.int64, count=len(commands))
+    iters = np.fromiter((c.iter for c in commands), dtype=np.int64, count=len(commands))
+    return _sum_by_iter(cycles, iters, "closed_form_cycles")
 
 
 def gate(opt3_cycles: float, opt2_cycles: float, factor: float = GATE_FACTOR) -> bool:

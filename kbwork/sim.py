@@ -174,6 +174,15 @@ class Run:
             self.timings["op_log"] = perf_counter() - t0
         return self._op_log
 
+    def dispatch_cycles(self) -> np.ndarray:
+        """PE_CPU cycles of each command's DISPATCH stage, indexed by command id.
+
+        The same numbers as the op_log's DISPATCH rows (``end - start``),
+        without building the op_log.
+        """
+        d = np.asarray(self.program.dispatch_seq, dtype=np.int64)
+        return np.asarray(self._end, dtype=np.int64)[d] - np.asarray(self._start, dtype=np.int64)[d]
+
     def read(self, handle_or_name: Handle | str) -> np.ndarray:
         """A copy of a tensor's final contents, in its own dtype (bf16 via ml_dtypes).
 

@@ -283,3 +283,12 @@ def test_cli_run_npz_lets_anyone_recompute_the_reference(tmp_path, capsys):
     assert z["m"].shape == (8, 1) and z["l"].shape == (8, 1)
     assert csv.read_text().startswith("seq,cmd,iter,label,stage,engine")
     assert json.loads(trace.read_text())["traceEvents"]
+
+
+def test_dispatch_per_tile_without_op_log_equals_op_log_sum():
+    for variant in ("opt2", "opt3"):
+        r = decode.run(variant, kv_len=768, mode="timing", fixed_cycles=13, r_cycles_per_byte=0.3)
+        fast = r.dispatch_per_tile
+        slow = analysis.dispatch_per_tile(r.op_log)
+        assert fast.index.tolist() == slow.index.tolist() == list(range(6))
+        assert (fast.to_numpy() == slow.to_numpy()).all()

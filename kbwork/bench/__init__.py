@@ -96,6 +96,27 @@ def compare_case(kv_len: int, budget_ms: float) -> dict[str, Any]:
     return {"kv_len": kv_len, "compare_ms": wall * 1e3, "budget_ms": budget_ms, "within_budget": wall * 1e3 <= budget_ms}
 
 
+def gantt_case(kv_len: int = 131072, out: Path | None = None) -> dict[str, Any]:
+    """Time drawing the Gantt of an opt3 run (one collection per engine) and saving it as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .. import decode, plots
+
+    log = decode.run("opt3", kv_len=kv_len, mode="timing").op_log
+    path = out or Path("/dev/null")
+
+    def draw():
+        ax = plots.gantt(log, title=f"opt3, kv_len {kv_len}: {len(log)} stages")
+        ax.figure.savefig(path, format="png", dpi=100)
+        plt.close(ax.figure)
+
+    wall, _ = _median_time(draw, 3)
+    return {"kv_len": kv_len, "stages": len(log), "gantt_png_s": wall}
+
+
 def run_decode_suite(kv_lens: list[int], modes: list[str], tile: int = 128, with_refs: bool = True,
                      data_max_kv: int = 1 << 20, show_progress: bool = True) -> dict[str, Any]:
     cases = [(v, kv, m) for kv in kv_lens for m in modes for v in ("opt2", "opt3")
@@ -103,7 +124,7 @@ def run_decode_suite(kv_lens: list[int], modes: list[str], tile: int = 128, with
     rows = [decode_case(v, kv, tile, m, with_refs)
             for v, kv, m in progress(cases, desc="decode", enabled=show_progress)]
     compares = [compare_case(kv, budget) for kv, budget in ((32768, 100.0), (131072, 400.0))]
-    return {"rows": rows, "compare": compares}
+    return {"rows": rows, "compare": compares, "gantt": gantt_case()}
 
 
 def summarize(result: dict[str, Any]) -> list[str]:
@@ -131,6 +152,10 @@ def summarize(result: dict[str, Any]) -> list[str]:
     lines.append(f"op_log: at most {b:.0f} bytes per stage")
     for c in result["compare"]:
         lines.append(f"decode.compare at {c['kv_len']}: {c['compare_ms']:.0f} ms (budget {c['budget_ms']:.0f} ms)")
+    g = result.get("gantt")
+    if g:
+        lines.append(f"Gantt of opt3 at {g['kv_len']} ({g['stages']} stages), drawn and saved as PNG: "
+                     f"{g['gantt_png_s'] * 1e3:.0f} ms")
     return lines
 
 

@@ -164,7 +164,13 @@ class TLContext:
         Raises:
             ValidationError: any invariant of DESIGN.md §3 is broken.
         """
-        if ops is not None:
+        if op == "math" and ops is None and not prologue and not epilogue and not rw_handles:
+            # the common single-op MATH command (a loop emits thousands): skip the general lowering
+            flat = (_math_head(math_op, a, b, c, out, value, factor),)
+            if trans_b:
+                raise ValidationError("tl.composite(op='math') takes no trans_b (it is a GEMM option).")
+            rw = scratch = ()
+        elif ops is not None:
             given = [k for k, v in dict(op=op, a=a, b=b, c=c, out=out, math_op=math_op, value=value,
                                          factor=factor).items() if v is not None]
             if given or prologue or epilogue or trans_b:
@@ -179,10 +185,12 @@ class TLContext:
         else:
             flat, rw, scratch = self._lower_legacy(op, a, b, c, out, trans_b, math_op, value, factor,
                                                    prologue, epilogue, tuple(rw_handles))
-        validate_ops(flat, where=f"command #{len(self.commands)}")
-        cmd = CompositeCmd(self._next(), flat, rw, True, scratch,
-                           label if label is not None else "+".join(o.kind for o in flat), self._iter)
-        return self._emit(cmd)
+        validate_ops(flat, where=len(self.commands))
+        done = Completion(len(self.commands))
+        self.commands.append(CompositeCmd(done, flat, rw, True, scratch,
+                                          label if label is not None else "+".join(o.kind for o in flat),
+                                          self._iter))
+        return done
 
     # --- internals ----------------------------------------------------------------------
     def _next(self) -> Completion:
@@ -401,7 +409,7 @@ def _signature(ops: tuple[OpSpec, ...]) -> tuple | None:
 _VALID_SIGNATURES: set[tuple] = set()
 
 
-def validate_ops(ops: tuple[OpSpec, ...], where: str = "composite") -> None:
+def validate_ops(ops: tuple[OpSpec, ...], where: str | int = "composite") -> None:
     """Check a flat op list against DESIGN.md §3 invariants.
 
     Validity depends only on the ops' signature (kinds, scopes, operand
@@ -414,7 +422,7 @@ def validate_ops(ops: tuple[OpSpec, ...], where: str = "composite") -> None:
     sig = _signature(ops)
     if sig is not None and sig in _VALID_SIGNATURES:
         return
-    _validate_ops(ops, where)
+    _validate_ops(ops, f"command #{where}" if isinstance(where, int) else where)
     if sig is not None:
         _VALID_SIGNATURES.add(sig)
 
