@@ -114,28 +114,32 @@ def schedule(commands: Sequence[Command], topo: Topology, *, waits: Sequence[tup
     dkind, pkind = int(StageKind.DISPATCH), int(StageKind.PLAN)
     dphase, pphase = int(Phase.DISPATCH), int(Phase.PLAN)
     dcache: dict[int, int] = {}
+    add = table.add
+    dispatch_seq = prog.dispatch_seq
     prev_d: tuple[int, ...] = ()
     prev_p: tuple[int, ...] = ()
     for i, cmd in enumerate(commands):
         if cmd.completion.cmd != i:
             raise ValueError(f"command {cmd!r} is at position {i} but carries id {cmd.completion.cmd}")
-        kind = "dma" if isinstance(cmd, DmaCmd) else "composite"
+        is_dma = isinstance(cmd, DmaCmd)
+        kind = "dma" if is_dma else "composite"
         lb = cmd.logical_bytes
         dc = dcache.get(lb)
         if dc is None:
             dc = dcache[lb] = dispatch_cycles(lb, fixed, r, cap)
-        d = table.add(dkind, dphase, i, kind, -1, -1, "", lb, dc, prev_d)
-        p = table.add(pkind, pphase, i, kind, -1, -1, "", 0, lat.plan(n_ops(cmd)), (d,) + prev_p)
+        d = add(dkind, dphase, i, kind, -1, -1, "", lb, dc, prev_d)
+        p = add(pkind, pphase, i, kind, -1, -1, "", 0, lat.plan(n_ops(cmd)), (d,) + prev_p)
         prev_d, prev_p = (d,), (p,)
-        plan = generate_plan_from_ops(cmd, topo, table, ring, lat, after=(p,))
-        prog.dispatch_seq.append(d)
-        prog.plan_seq.append(p)
-        prog.plan_first.append(plan.first_seq)
-        prog.plan_end.append(plan.end_seq)
-        rd, wr = footprint(cmd)
-        prog.reads.append(rd)
-        prog.writes.append(wr)
-        prog.waits.append(tuple(sorted(wait_map.get(i, ()))))
-        prog.labels.append(cmd.label)
-        prog.iters.append(cmd.iter)
+        generate_plan_from_ops(cmd, topo, table, ring, lat, after=(p,))
+        dispatch_seq.append(d)
+    # every command's stages are DISPATCH, PLAN, then its plan: the rest follows from dispatch_seq
+    prog.plan_seq = [d + 1 for d in dispatch_seq]
+    prog.plan_first = [d + 2 for d in dispatch_seq]
+    prog.plan_end = dispatch_seq[1:] + [len(table)]
+    fps = [footprint(c) for c in commands]
+    prog.reads = [f[0] for f in fps]
+    prog.writes = [f[1] for f in fps]
+    prog.waits = [tuple(sorted(wait_map[i])) if i in wait_map else () for i in range(len(commands))]
+    prog.labels = [c.label for c in commands]
+    prog.iters = [c.iter for c in commands]
     return prog
