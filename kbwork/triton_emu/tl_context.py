@@ -99,16 +99,15 @@ class TLContext:
             self._scopes.pop()
             self.mem.tcm.release(mark)
 
-    @contextlib.contextmanager
-    def iteration(self, j: int) -> Iterator[None]:
-        """Label the commands emitted inside with loop index ``j`` (op_log ``iter``)."""
+    def iteration(self, j: int) -> "_Iteration":
+        """Label the commands emitted inside ``with tl.iteration(j):`` with loop index ``j`` (op_log ``iter``).
+
+        Raises:
+            ValidationError: ``j`` is not a non-negative int.
+        """
         if isinstance(j, bool) or not isinstance(j, (int, np.integer)) or j < 0:
             raise ValidationError(f"tl.iteration expects a non-negative int loop index, got {j!r}.")
-        prev, self._iter = self._iter, int(j)
-        try:
-            yield
-        finally:
-            self._iter = prev
+        return _Iteration(self, int(j))
 
     # --- DMA ----------------------------------------------------------------------------
     def load(self, src: Handle, *, name: str | None = None, label: str | None = None) -> Handle:
@@ -327,6 +326,21 @@ class TLContext:
         if not self._scopes:
             self._recipe_scratch[key] = scratch
         return scratch
+
+
+class _Iteration:
+    """The context manager behind ``tl.iteration`` (a class: a loop enters one per command group)."""
+
+    __slots__ = ("tl", "j", "prev")
+
+    def __init__(self, tl: TLContext, j: int):
+        self.tl, self.j, self.prev = tl, j, -1
+
+    def __enter__(self) -> None:
+        self.prev, self.tl._iter = self.tl._iter, self.j
+
+    def __exit__(self, *exc: object) -> None:
+        self.tl._iter = self.prev
 
 
 # --- lowering helpers -------------------------------------------------------------------------
