@@ -15,7 +15,7 @@ from typing import Iterable, Sequence
 
 from ..config import Topology
 from ..memory import Handle, Space
-from .commands import Command, CompositeCmd, DmaCmd, dispatch_cycles, n_ops
+from .commands import Command, DmaCmd, dispatch_cycles, n_ops
 from .engines import Latency
 from .stages import Phase, StageKind, StageTable
 from .tiling import StagingRing, generate_plan_from_ops
