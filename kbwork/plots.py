@@ -82,7 +82,7 @@ def gantt(op_log: pd.DataFrame, ax: plt.Axes | None = None, window: tuple[int, i
         width = 0.6
     else:  # thin white seams keep back-to-back stages apart while they are few enough to see
         edge[:] = (1, 1, 1, 1)
-        width = 0.4 if len(df) <= 3000 else 0.0
+        width = 0.25 if len(df) <= 3000 else 0.0
     h = 0.4
     verts = np.empty((len(df), 4, 2))
     verts[:, 0, 0] = verts[:, 1, 0] = start
