@@ -428,7 +428,8 @@ def validate_ops(ops: tuple[OpSpec, ...], where: str | int = "composite") -> Non
 
     Validity depends only on the ops' signature (kinds, scopes, operand
     spaces/shapes/dtypes, scalars), so a signature that passed once is not
-    checked again.
+    checked again. A check that depends on addresses (aliasing, say) does not
+    belong here: it would be skipped on a cache hit.
 
     Raises:
         ValidationError: naming the op (position and kind), the operand and the fix.
