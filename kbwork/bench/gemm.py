@@ -1,6 +1,6 @@
-"""Timing benchmark: stages simulated per second, in timing and data mode.
+"""The GEMM suite: stages simulated per second on the GEMM benches, in timing and data mode.
 
-Run ``python -m kbwork.bench`` (or ``kbwork bench``). Each case is timed from
+Run ``kbwork bench --suite gemm``. Each case is timed from
 ``Simulator.run`` to a built op_log (inputs and numpy references excluded),
 repeated, and the median reported. This is a benchmark, not a test: it
 asserts nothing about speed.
@@ -85,7 +85,7 @@ def format_table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="kbwork bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="kbwork bench --suite gemm", description=__doc__.splitlines()[0])
     p.add_argument("--scales", default="1,2,4,8,12", help="comma-separated size multipliers (default 1,2,4,8,12)")
     p.add_argument("--modes", default="timing,data", help="comma-separated modes (default timing,data)")
     p.add_argument("--repeats", type=int, default=3, help="runs per case; the median is reported (default 3)")
