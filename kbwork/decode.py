@@ -313,9 +313,8 @@ class Comparison:
 
     def to_dict(self) -> dict[str, Any]:
         """Every field as plain JSON-serialisable values."""
-        p = {k: v for k, v in self.params.items() if k != "mode"}
         return {
-            "params": {**p, "mode": self.params["mode"]},
+            "params": dict(self.params),
             "dispatch_per_tile": {"opt2": self.dispatch_opt2, "opt3": self.dispatch_opt3},
             "closed_form_per_tile": {"opt2": self.closed_form_opt2, "opt3": self.closed_form_opt3},
             "commands_per_tile": {"opt2": len(self.opt2.command_bytes_per_tile),
