@@ -173,6 +173,28 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def profile_case(variant: str = "opt3", kv_len: int = 32768, top: int = 25) -> str:
+    """Phase timings and a cProfile summary (by own time) of one timing-mode decode run."""
+    import cProfile
+    import io
+    import pstats
+
+    from .. import decode
+
+    for _ in range(3):  # warm: the validation cache and the allocator settle after the first run
+        r = decode.run(variant, kv_len=kv_len, mode="timing")
+        _ = r.op_log
+    phases = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in r.run.timings.items())
+    prof = cProfile.Profile()
+    prof.enable()
+    decode.run(variant, kv_len=kv_len, mode="timing").op_log
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).strip_dirs().sort_stats("tottime").print_stats(top)
+    return (f"decode.run({variant!r}, kv_len={kv_len}, mode='timing'): {r.run.n_stages} stages, "
+            f"{len(r.run.commands)} commands\nphases without the profiler: {phases}\n\n{buf.getvalue()}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="kbwork bench", description=__doc__.splitlines()[0])
     p.add_argument("--suite", choices=["decode", "gemm"], default="decode")
@@ -182,7 +204,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=OUT_DIR, help=f"directory for the CSV/JSON (default {OUT_DIR})")
     p.add_argument("--scales", default="1,2,4,8,12", help="GEMM suite: size multipliers")
     p.add_argument("--repeats", type=int, default=3, help="GEMM suite: runs per case")
+    p.add_argument("--profile", type=int, metavar="KV_LEN",
+                   help="instead: print phase timings and a cProfile summary of one opt3 run at KV_LEN")
     args = p.parse_args(argv)
+    if args.profile:
+        print(profile_case("opt3", args.profile))
+        return 0
     if args.suite == "gemm":
         from .gemm import main as gemm_main
 
