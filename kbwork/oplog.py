@@ -8,6 +8,7 @@ export has one track per engine with times in µs from the topology clock.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 from pathlib import Path
@@ -32,12 +33,18 @@ _ENGINE_DTYPE = pd.CategoricalDtype(ENGINE_NAMES)
 _PHASE_DTYPE = pd.CategoricalDtype(PHASE_NAMES)
 
 
+@functools.lru_cache(maxsize=256)
+def _dtype(categories: tuple[str, ...]) -> pd.CategoricalDtype:
+    # building a CategoricalDtype validates its categories (an Index): reuse it across runs
+    return pd.CategoricalDtype(list(categories))
+
+
 def _categorical(values: Sequence[str]) -> pd.Categorical:
     """A categorical with sorted categories (the same categories ``read_csv`` rebuilds)."""
-    cats = sorted(set(values))
+    cats = tuple(sorted(set(values)))
     index = {c: i for i, c in enumerate(cats)}
     codes = np.fromiter(map(index.__getitem__, values), dtype=np.int32, count=len(values))
-    return pd.Categorical.from_codes(codes, dtype=pd.CategoricalDtype(cats))
+    return pd.Categorical.from_codes(codes, dtype=_dtype(cats))
 
 
 def build_op_log(prog: Program, start: Sequence[int], end: Sequence[int]) -> pd.DataFrame:
@@ -49,14 +56,14 @@ def build_op_log(prog: Program, start: Sequence[int], end: Sequence[int]) -> pd.
     t = prog.table
     n = len(t)
     cmd = np.array(t.cmd, dtype=np.int64)
-    labels = sorted(set(prog.labels))
+    labels = tuple(sorted(set(prog.labels)))
     label_code = {lab: i for i, lab in enumerate(labels)}
     cmd_label = np.array([label_code[lab] for lab in prog.labels], dtype=np.int32)
     data = {
         "seq": np.arange(n, dtype=np.int64),
         "cmd": cmd,
         "iter": np.array(prog.iters, dtype=np.int64)[cmd] if n else np.zeros(0, np.int64),
-        "label": pd.Categorical.from_codes(cmd_label[cmd] if n else [], dtype=pd.CategoricalDtype(labels)),
+        "label": pd.Categorical.from_codes(cmd_label[cmd] if n else [], dtype=_dtype(labels)),
         "stage": pd.Categorical.from_codes(np.array(t.kind, dtype=np.int8), dtype=_STAGE_DTYPE),
         "engine": pd.Categorical.from_codes(np.array(t.engine, dtype=np.int8), dtype=_ENGINE_DTYPE),
         "op_kind": _categorical(t.op_kind),
