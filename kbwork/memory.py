@@ -91,6 +91,8 @@ class Handle:
     size: int = field(init=False, repr=False, compare=False)
     nbytes: int = field(init=False, repr=False, compare=False)
     end: int = field(init=False, repr=False, compare=False)
+    #: ``(space is TCM, addr, end)``: the byte range hazard tracking compares.
+    span: tuple[bool, int, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         size = math.prod(self.shape)
@@ -98,6 +100,7 @@ class Handle:
         object.__setattr__(self, "size", size)
         object.__setattr__(self, "nbytes", nbytes)
         object.__setattr__(self, "end", self.addr + nbytes)
+        object.__setattr__(self, "span", (self.space is Space.TCM, self.addr, self.addr + nbytes))
 
     @property
     def ndim(self) -> int:

@@ -14,18 +14,18 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from ..config import Topology
-from ..memory import Handle, Space
+from ..memory import Handle
 from .commands import Command, DmaCmd, dispatch_cycles, n_ops
 from .engines import Latency
 from .stages import Phase, StageKind, StageTable
 from .tiling import StagingRing, generate_plan_from_ops
 
-#: A byte range in one memory: (space is TCM, first byte, one past the last).
+#: A byte range in one memory: (space is TCM, first byte, one past the last); ``Handle.span``.
 Range = tuple[bool, int, int]
 
 
 def _ranges(handles: Iterable[Handle], exclude: set[Range]) -> tuple[Range, ...]:
-    rs = dict.fromkeys((h.space is Space.TCM, h.addr, h.end) for h in handles)
+    rs = dict.fromkeys(h.span for h in handles)
     return tuple(r for r in rs if r not in exclude) if exclude else tuple(rs)
 
 
@@ -37,7 +37,7 @@ def footprint(cmd: Command) -> tuple[tuple[Range, ...], tuple[Range, ...]]:
     """
     if isinstance(cmd, DmaCmd):
         return _ranges((cmd.src,), _NONE), _ranges((cmd.dst,), _NONE)
-    scratch = {(h.space is Space.TCM, h.addr, h.end) for h in cmd.scratch} if cmd.scratch else _NONE
+    scratch = {h.span for h in cmd.scratch} if cmd.scratch else _NONE
     ops = cmd.ops
     reads = [h for op in ops for h in op.operands.values()]
     writes = [op.out for op in ops if op.out is not None]
