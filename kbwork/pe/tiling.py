@@ -255,17 +255,23 @@ def _plan_gemm(cmd: CompositeCmd, g: int, topo: Topology, table: StageTable, rin
             target = op.out
     loop_after = prev
 
-    k_epi = [op for op in ops[g + 1:] if op.scope is Scope.K_TILE]
-    t_epi = [op for op in ops[g + 1:] if op.scope is Scope.OUTPUT_TILE]
-    post = [op for op in ops[g + 1:] if op.scope is Scope.KERNEL]
-    for op in k_epi + t_epi:
+    k_epi: list[OpSpec] = []
+    t_epi: list[OpSpec] = []
+    post: list[OpSpec] = []
+    for op in ops[g + 1:]:
+        if op.scope is Scope.KERNEL:
+            post.append(op)
+            continue
         if not OPS[op.kind].accumulator:
             raise ValidationError(f"command #{cid}: {op.kind!r} with scope {op.scope.value!r} would run on the "
                                   f"accumulator tile, but only accumulator ops (scale, add) can; give it "
                                   f"scope 'kernel' to run once after the loop.")
+        (k_epi if op.scope is Scope.K_TILE else t_epi).append(op)
 
     n_mt, n_nt, n_kt = -(-M // tm_), -(-N // tn_), -(-K // tk_)
     out_hbm = not out.pinned
+    out_isz = itemsize(out.dtype)
+    fetch_tensor = f"{a.name}|{b.name}"
     tile_last: list[int] = []
     t = 0
     for mi in range(n_mt):
@@ -307,7 +313,7 @@ def _plan_gemm(cmd: CompositeCmd, g: int, topo: Topology, table: StageTable, rin
                     staged.append((slot, buf))
                 fb = a_bytes + b_bytes
                 eff = ("fetch", (cid, t, kk), a_blk, b_blk, trans_b) if fx else None
-                f = table.add(_FETCH, _TILE, cid, "gemm", t, kk, f"{a.name}|{b.name}", fb, lat.fetch(fb),
+                f = table.add(_FETCH, _TILE, cid, "gemm", t, kk, fetch_tensor, fb, lat.fetch(fb),
                               tuple(reads) if reads else loop_after, eff)
                 for slot, buf in staged:
                     ring.bind(slot, buf, f)
@@ -319,7 +325,7 @@ def _plan_gemm(cmd: CompositeCmd, g: int, topo: Topology, table: StageTable, rin
             for op in t_epi:
                 s = _acc_stage(table, lat, op, _TEPI, cid, t, -1, s, acc_key, r0, r1, c0, c1, tm * tn)
             if out_hbm:
-                nbytes = tm * tn * itemsize(out.dtype)
+                nbytes = tm * tn * out_isz
                 eff = ("store_acc", acc_key, out, r0, r1, c0, c1) if fx else None
                 s = table.add(_DMA_WRITE, _TILE, cid, "gemm", t, -1, out.name, nbytes, lat.dma(nbytes), (s,), eff)
             elif fx:
