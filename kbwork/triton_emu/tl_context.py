@@ -55,6 +55,7 @@ class TLContext:
         self._scopes: list[tuple[int, int]] = []
         self._recipe_scratch: dict[tuple, dict[str, Handle]] = {}
         self._recipe_expansions: dict[tuple, tuple] = {}
+        self._entry_ops: dict[tuple, OpSpec] = {}
 
     def __repr__(self) -> str:
         return f"TLContext({len(self.commands)} commands, iter={self._iter}, {len(self._scopes)} open scratch scopes)"
@@ -232,9 +233,22 @@ class TLContext:
         else:
             head = _math_head(math_op, a, b, c, out, value, factor)
         default_scope = Scope.OUTPUT_TILE if op == "gemm" else Scope.KERNEL
-        post = [_entry_op(e, f"epilogue[{i}]", default_scope) for i, e in enumerate(epilogue)]
+        post = [self._epilogue_op(e, i, default_scope) for i, e in enumerate(epilogue)]
         rw_all = tuple(recipe_rw) + tuple(h for h in rw if h not in recipe_rw)
         return tuple(pre) + (head,) + tuple(post), rw_all, tuple(scratch)
+
+    def _epilogue_op(self, entry: Mapping[str, Any], i: int, default_scope: Scope) -> OpSpec:
+        """The OpSpec of an epilogue entry; a loop repeats the same entries, so they are cached."""
+        try:
+            key = (default_scope, tuple(entry.items()))
+            op = self._entry_ops.get(key)
+        except (TypeError, AttributeError):  # unhashable or not a dict: _entry_op says what is wrong
+            key = op = None
+        if op is None:
+            op = _entry_op(entry, f"epilogue[{i}]", default_scope)
+            if key is not None:
+                self._entry_ops[key] = op
+        return op
 
     def _expand_recipe(self, rd: RecipeDescriptor, entry: Mapping[str, Any], op: str | None,
                        head_kwargs: dict[str, Handle | None]):
