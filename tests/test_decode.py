@@ -292,3 +292,23 @@ def test_dispatch_per_tile_without_op_log_equals_op_log_sum():
         slow = analysis.dispatch_per_tile(r.op_log)
         assert fast.index.tolist() == slow.index.tolist() == list(range(6))
         assert (fast.to_numpy() == slow.to_numpy()).all()
+
+
+@pytest.mark.parametrize("variant", ["opt2", "opt3"])
+def test_timing_and_data_mode_give_the_same_op_log(variant):
+    # timing mode reuses the plans of repeated MATH commands; data mode generates every plan
+    a = decode.run(variant, kv_len=640, mode="timing").to_csv()
+    b = decode.run(variant, kv_len=640, mode="data").to_csv()
+    assert a == b
+
+
+def test_repeated_math_commands_share_their_op_tuple(tl):
+    x = tl.alloc((8, 128), "fp32", name="x")
+    y = tl.alloc((8, 1), "fp32", name="y")
+    z = tl.alloc((8, 1), "fp32", name="z")
+    tl.composite(op="math", math_op="rmax", a=x, out=y)
+    tl.composite(op="math", math_op="rmax", a=x, out=y, label="again")
+    tl.composite(op="math", math_op="rmax", a=x, out=z)
+    c0, c1, c2 = tl.commands[-3:]
+    assert c0.ops is c1.ops and c1.label == "again"
+    assert c2.ops is not c0.ops and c2.ops[0].out == z

@@ -20,6 +20,8 @@ from .engines import Latency
 from .stages import Phase, StageKind, StageTable
 from .tiling import StagingRing, generate_plan_from_ops
 
+_MATH, _SINGLE = int(StageKind.MATH), int(Phase.SINGLE)
+
 #: A byte range in one memory: (space is TCM, first byte, one past the last); ``Handle.span``.
 Range = tuple[bool, int, int]
 
@@ -116,6 +118,12 @@ def schedule(commands: Sequence[Command], topo: Topology, *, waits: Sequence[tup
     dcache: dict[int, int] = {}
     add = table.add
     dispatch_seq = prog.dispatch_seq
+    fps: list[tuple[tuple[Range, ...], tuple[Range, ...]]] = []
+    # Plans of MATH-only commands on pinned operands are a plain chain of MATH stages that
+    # depends only on the ops; a loop re-issues the same op tuple, so reuse (op_kind, dur) and
+    # the footprint. Keyed by the tuple's id; the entry holds the tuple, so the id stays unique.
+    chains: dict[int, tuple] = {}
+    reuse = not with_effects
     prev_d: tuple[int, ...] = ()
     prev_p: tuple[int, ...] = ()
     for i, cmd in enumerate(commands):
@@ -130,13 +138,25 @@ def schedule(commands: Sequence[Command], topo: Topology, *, waits: Sequence[tup
         d = add(dkind, dphase, i, kind, -1, -1, "", lb, dc, prev_d)
         p = add(pkind, pphase, i, kind, -1, -1, "", 0, lat.plan(n_ops(cmd)), (d,) + prev_p)
         prev_d, prev_p = (d,), (p,)
-        generate_plan_from_ops(cmd, topo, table, ring, lat, after=(p,))
         dispatch_seq.append(d)
+        chain = chains.get(id(cmd.ops)) if reuse and not is_dma else None
+        if chain is not None and chain[0] is cmd.ops and not cmd.rw_handles and not cmd.scratch:
+            prev = prev_p
+            for op_kind, dur in chain[1]:
+                prev = (add(_MATH, _SINGLE, i, op_kind, 0, -1, "", 0, dur, prev),)
+            fps.append(chain[2])
+            continue
+        plan = generate_plan_from_ops(cmd, topo, table, ring, lat, after=(p,))
+        fp = footprint(cmd)
+        fps.append(fp)
+        if reuse and not is_dma and not cmd.rw_handles and not cmd.scratch:
+            rows = table.rows[plan.first_seq:plan.end_seq]
+            if all(r[0] == _MATH for r in rows):
+                chains[id(cmd.ops)] = (cmd.ops, tuple((r[3], r[8]) for r in rows), fp)
     # every command's stages are DISPATCH, PLAN, then its plan: the rest follows from dispatch_seq
     prog.plan_seq = [d + 1 for d in dispatch_seq]
     prog.plan_first = [d + 2 for d in dispatch_seq]
     prog.plan_end = dispatch_seq[1:] + [len(table)]
-    fps = [footprint(c) for c in commands]
     prog.reads = [f[0] for f in fps]
     prog.writes = [f[1] for f in fps]
     prog.waits = [tuple(sorted(wait_map[i])) if i in wait_map else () for i in range(len(commands))]

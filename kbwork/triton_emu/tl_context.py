@@ -56,6 +56,7 @@ class TLContext:
         self._recipe_scratch: dict[tuple, dict[str, Handle]] = {}
         self._recipe_expansions: dict[tuple, tuple] = {}
         self._entry_ops: dict[tuple, OpSpec] = {}
+        self._math_ops: dict[tuple, tuple] = {}
 
     def __repr__(self) -> str:
         return f"TLContext({len(self.commands)} commands, iter={self._iter}, {len(self._scopes)} open scratch scopes)"
@@ -165,12 +166,23 @@ class TLContext:
             ValidationError: any invariant of DESIGN.md §3 is broken.
         """
         if op == "math" and ops is None and not prologue and not epilogue and not rw_handles:
-            # the common single-op MATH command (a loop emits thousands): skip the general lowering
-            flat = (_math_head(math_op, a, b, c, out, value, factor),)
+            # The common single-op MATH command: a loop emits the same one on the same handles
+            # every tile. Reuse its (validated) op tuple; the scheduler then reuses its plan too.
             if trans_b:
                 raise ValidationError("tl.composite(op='math') takes no trans_b (it is a GEMM option).")
-            rw = scratch = ()
-        elif ops is not None:
+            key = (math_op, id(a), id(b), id(c), id(out), value, factor)
+            hit = self._math_ops.get(key)
+            if hit is not None and hit[1] is a and hit[2] is b and hit[3] is c and hit[4] is out:
+                flat = hit[0]
+            else:
+                flat = (_math_head(math_op, a, b, c, out, value, factor),)
+                validate_ops(flat, where=len(self.commands))
+                self._math_ops[key] = (flat, a, b, c, out)  # holding the handles keeps their ids unique
+            done = Completion(len(self.commands))
+            self.commands.append(CompositeCmd(done, flat, (), True, (),
+                                              label if label is not None else flat[0].kind, self._iter))
+            return done
+        if ops is not None:
             given = [k for k, v in dict(op=op, a=a, b=b, c=c, out=out, math_op=math_op, value=value,
                                          factor=factor).items() if v is not None]
             if given or prologue or epilogue or trans_b:
