@@ -82,7 +82,7 @@ class Topology:
         """R as the exact decimal it was written as (``0.1`` is 1/10, not
         0.1000000000000000055...), so ``ceil(R x bytes)`` has no float
         surprises."""
-        return _exact(self.r_cycles_per_byte)
+        return exact_fraction(self.r_cycles_per_byte)
 
     def cycles_to_us(self, cycles: float) -> float:
         """Convert cycles to microseconds at this topology's clock."""
@@ -108,7 +108,8 @@ _MAY_BE_ZERO = {"fixed_cycles", "r_cycles_per_byte", "plan_base_cycles", "plan_c
                 "dma_base_cycles", "gemm_base_cycles", "math_base_cycles"}
 
 
-def _exact(x: float) -> Fraction:
+def exact_fraction(x: float | int | Fraction) -> Fraction:
+    """``x`` as the exact decimal it prints as (``0.1`` is 1/10); ``float()`` so numpy scalars print plainly."""
     return Fraction(repr(float(x))) if isinstance(x, float) else Fraction(x)
 
 
@@ -200,8 +201,7 @@ def load_topology(name_or_path: str | Path | None = None, **overrides: Any) -> T
     base = _load_file(str(path.resolve()), path.stat().st_mtime_ns)
     if not overrides:
         return base
-    _check_keys(overrides, where="override")
-    return dataclasses.replace(base, **overrides)
+    return base.replace(**overrides)
 
 
 @functools.lru_cache(maxsize=32)

@@ -162,12 +162,6 @@ class DecodeRun:
                  scale=np.float64(1.0 / math.sqrt(self.q.shape[1])), variant=np.asarray(self.variant), **meta)
 
 
-def _topology(topology: Topology | str | None, overrides: dict[str, Any]) -> Topology:
-    if isinstance(topology, Topology):
-        return topology.replace(**overrides) if overrides else topology
-    return load_topology(topology, **overrides)
-
-
 def run(variant: str, *, kv_len: int = 4096, group: int = 8, head_dim: int = 128, tile: int = 128,
         dtype: str = "bf16", mode: str = "data", topology: Topology | str | None = None, seed: int = 0,
         q: np.ndarray | None = None, k: np.ndarray | None = None, v: np.ndarray | None = None,
@@ -193,7 +187,7 @@ def run(variant: str, *, kv_len: int = 4096, group: int = 8, head_dim: int = 128
     if variant not in VARIANTS:
         raise ValidationError(f"decode variant {variant!r} is unknown; use one of {', '.join(VARIANTS)}.")
     dtype = canonical_dtype(dtype)
-    topo = _topology(topology, overrides)
+    topo = load_topology(topology, **overrides)
     given = [x is not None for x in (q, k, v)]
     if any(given) and not all(given):
         raise ValidationError("decode.run: pass all of q, k and v, or none of them (then seed= draws them).")

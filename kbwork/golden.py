@@ -19,18 +19,14 @@ GOLDEN_DIR = DATA_DIR / "golden"
 
 def golden_benches() -> dict[str, Callable[[], str]]:
     """Name -> function returning the bench's canonical op_log CSV (timing mode)."""
+    from . import decode
     from .kernels.gemm import BENCHES
 
     out: dict[str, Callable[[], str]] = {}
     for name, fn in BENCHES.items():
         out[name] = (lambda fn=fn: fn(Simulator(mode="timing")).run.to_csv())
-    try:
-        from . import decode
-    except ImportError:  # the decode variants are optional until they land
-        decode = None
-    if decode is not None:
-        out["decode_opt3_small"] = lambda: decode.run("opt3", kv_len=512, mode="timing").to_csv()
-        out["decode_opt2_small"] = lambda: decode.run("opt2", kv_len=512, mode="timing").to_csv()
+    out["decode_opt3_small"] = lambda: decode.run("opt3", kv_len=512, mode="timing").to_csv()
+    out["decode_opt2_small"] = lambda: decode.run("opt2", kv_len=512, mode="timing").to_csv()
     return out
 
 

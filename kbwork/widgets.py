@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt
 
 from . import decode, plots
 from .config import load_topology
+from .errors import ValidationError
 
 
 class CalibrationPanel:
@@ -60,8 +61,6 @@ class CalibrationPanel:
         Raises:
             ValidationError / ConfigError: an unknown control or a nonsensical value.
         """
-        from .errors import ValidationError
-
         unknown = [k for k in changes if k not in self.values]
         if unknown:
             raise ValidationError(f"CalibrationPanel.update: unknown control(s) {unknown}; "

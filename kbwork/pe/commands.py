@@ -16,6 +16,7 @@ from fractions import Fraction
 from types import MappingProxyType
 from typing import Any, Mapping, Union
 
+from ..config import exact_fraction
 from ..errors import ValidationError
 from ..memory import Handle
 
@@ -169,6 +170,4 @@ def dispatch_cycles(logical_bytes: int, fixed: int, r: Fraction | float | int, c
 
     ``r`` is taken exactly (a Fraction, or a float read as the decimal it prints as).
     """
-    if isinstance(r, float):
-        r = Fraction(repr(float(r)))  # float() so numpy scalars print as plain decimals
-    return fixed * segments(logical_bytes, cap) + math.ceil(Fraction(r) * logical_bytes)
+    return fixed * segments(logical_bytes, cap) + math.ceil(exact_fraction(r) * logical_bytes)
