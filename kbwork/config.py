@@ -13,6 +13,8 @@ import difflib
 import functools
 import math
 import numbers
+import os
+import stat
 import tomllib
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -25,6 +27,9 @@ from .errors import ConfigError
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 TOPOLOGY_DIR = DATA_DIR / "topology"
 DEFAULT_TOPOLOGY = "ahbm-pe-v1"
+#: The shipped topologies by name, resolved once (a run looks its topology up every time).
+_BUILTIN_PATHS: dict[str, Path] = ({p.stem: p.resolve() for p in sorted(TOPOLOGY_DIR.glob("*.toml"))}
+                                   if TOPOLOGY_DIR.is_dir() else {})
 
 HAZARD_POLICIES = ("strict_fifo", "rw_aware")
 
@@ -191,14 +196,22 @@ def load_topology(name_or_path: str | Path | None = None, **overrides: Any) -> T
     if isinstance(name_or_path, Topology):
         return name_or_path.replace(**overrides) if overrides else name_or_path
     name = DEFAULT_TOPOLOGY if name_or_path is None else name_or_path
-    path = Path(name)
-    if path.suffix != ".toml" and not path.exists():
-        path = TOPOLOGY_DIR / f"{name}.toml"
-    if not path.is_file():
+    path = _BUILTIN_PATHS.get(name) if isinstance(name, str) else None
+    if path is None:
+        path = Path(name)
+        if path.suffix != ".toml" and not path.exists():
+            path = TOPOLOGY_DIR / f"{name}.toml"
+        path = path.resolve()
+    try:
+        st = os.stat(path)
+        mtime = st.st_mtime_ns if stat.S_ISREG(st.st_mode) else None
+    except OSError:
+        mtime = None
+    if mtime is None:
         known = sorted(p.stem for p in TOPOLOGY_DIR.glob("*.toml")) if TOPOLOGY_DIR.is_dir() else []
         raise ConfigError(f"topology {str(name)!r} not found (looked for {path}). "
                           f"Known topologies: {', '.join(known) or 'none'}; or pass a path to a .toml file.")
-    base = _load_file(str(path.resolve()), path.stat().st_mtime_ns)
+    base = _load_file(str(path), mtime)
     if not overrides:
         return base
     return base.replace(**overrides)

@@ -42,6 +42,9 @@ _ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "f
             "f32": "fp32", "f16": "fp16"}
 
 
+_CANONICAL = frozenset(DTYPES)
+
+
 def canonical_dtype(dtype: object) -> str:
     """Return the canonical name (``"bf16"``, ``"fp16"``, ``"fp32"``) of ``dtype``.
 
@@ -50,6 +53,8 @@ def canonical_dtype(dtype: object) -> str:
     Raises:
         ValidationError: the dtype is not one the PE supports.
     """
+    if dtype.__class__ is str and dtype in _CANONICAL:
+        return dtype  # type: ignore[return-value]
     if isinstance(dtype, str):
         name = _ALIASES.get(dtype.lower(), dtype.lower())
         if name in DTYPES:
@@ -93,6 +98,7 @@ class Handle:
     end: int = field(init=False, repr=False, compare=False)
     #: ``(space is TCM, addr, end)``: the byte range hazard tracking compares.
     span: tuple[bool, int, int] = field(init=False, repr=False, compare=False)
+    _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         size = math.prod(self.shape)
@@ -101,6 +107,13 @@ class Handle:
         object.__setattr__(self, "nbytes", nbytes)
         object.__setattr__(self, "end", self.addr + nbytes)
         object.__setattr__(self, "span", (self.space is Space.TCM, self.addr, self.addr + nbytes))
+        # hashed once: handles key the kernel language's caches, and the generated hash would
+        # rehash every field (and the Space enum, a Python-level call) on each lookup
+        object.__setattr__(self, "_hash", hash((self.name, str.__str__(self.space), self.addr, self.shape,
+                                                self.dtype, self.pinned)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @property
     def ndim(self) -> int:
@@ -217,6 +230,8 @@ class Arena:
 
 
 def _check_shape(name: str, shape: object) -> tuple[int, ...]:
+    if shape.__class__ is tuple and 1 <= len(shape) <= 2 and all(s.__class__ is int and s > 0 for s in shape):
+        return shape  # the common case, already right
     if isinstance(shape, (int, np.integer)):
         shape = (int(shape),)
     try:

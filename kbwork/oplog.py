@@ -75,7 +75,25 @@ def build_op_log(prog: Program, start: Sequence[int], end: Sequence[int]) -> pd.
         "start": np.array(start, dtype=np.int64),
         "end": np.array(end, dtype=np.int64),
     }
-    return pd.DataFrame(data, copy=False)
+    return _frame(data, n)
+
+
+_COLUMN_INDEX = pd.Index(COLUMNS)
+
+
+def _frame(data: dict[str, object], n: int) -> pd.DataFrame:
+    """A DataFrame over ``data`` (already typed, one array per column, in COLUMNS order).
+
+    ``DataFrame._from_arrays`` skips the per-column inference that
+    ``DataFrame(dict)`` repeats for arrays we built with their final dtypes;
+    for a short run that inference is most of the op_log's cost. It is not
+    public API, so any other pandas takes the public constructor.
+    """
+    try:
+        return pd.DataFrame._from_arrays(list(data.values()), columns=_COLUMN_INDEX, index=pd.RangeIndex(n),
+                                         verify_integrity=False)
+    except (AttributeError, TypeError):  # pragma: no cover - a pandas without it
+        return pd.DataFrame(data, copy=False)
 
 
 def check_schema(op_log: pd.DataFrame) -> None:

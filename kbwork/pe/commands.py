@@ -65,6 +65,16 @@ class OpSpec:
     operands: Mapping[str, Handle] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
     out: Handle | None = None
+    #: ``8 + 8 x (#operand handles + #out handles) + 4 x #scalar extras`` (ADR-0064 D2), computed once.
+    logical_bytes: int = field(init=False, repr=False, compare=False)
+    #: Everything but addresses and names: kind, scope, each operand's and the out's space, shape,
+    #: dtype and pinning, and the scalars (values only for a GEMM's m, k, n, trans_b). Whether the
+    #: op is valid, and the stages the scheduler plans for it, depend on nothing else, so ``tl``
+    #: caches validation and the scheduler caches plan templates by it. ``None`` when an operand
+    #: is not a handle (validation then says what is wrong).
+    signature: tuple | None = field(init=False, repr=False, compare=False)
+    #: ``Handle.span`` of every operand, in order (what hazard tracking reads); None like ``signature``.
+    read_spans: tuple | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.scope, Scope):  # a scope name ("k_tile") from the flat form
@@ -73,15 +83,26 @@ class OpSpec:
             except ValueError:
                 raise ValidationError(f"OpSpec {self.kind!r}: scope {self.scope!r} is unknown; use one of "
                                       f"{', '.join(s.value for s in Scope)}.") from None
-        object.__setattr__(self, "operands", _freeze(self.operands))
-        object.__setattr__(self, "extra", _freeze(self.extra))
-
-    @property
-    def logical_bytes(self) -> int:
-        """``8 + 8 x (#operand handles + #out handles) + 4 x #scalar extras``."""
-        return (LOGICAL_BYTES_PER_OP
-                + LOGICAL_BYTES_PER_HANDLE * (len(self.operands) + (self.out is not None))
-                + LOGICAL_BYTES_PER_SCALAR * len(self.extra))
+        operands, extra, out = _freeze(self.operands), _freeze(self.extra), self.out
+        object.__setattr__(self, "operands", operands)
+        object.__setattr__(self, "extra", extra)
+        object.__setattr__(self, "logical_bytes",
+                           LOGICAL_BYTES_PER_OP + LOGICAL_BYTES_PER_HANDLE * (len(operands) + (out is not None))
+                           + LOGICAL_BYTES_PER_SCALAR * len(extra))
+        try:
+            # plain strings, ints and tuples only: the key is hashed on every lookup, and an enum's
+            # hash is a Python-level call. ``span[0]`` is the handle's space (is it TCM).
+            sig: tuple | None = (
+                self.kind, self.scope._value_,
+                tuple((n, h.span[0], h.shape, h.dtype, h.pinned) for n, h in operands.items()),
+                None if out is None else (out.span[0], out.shape, out.dtype, out.pinned),
+                tuple(extra.items()) if self.kind == "gemm" else tuple(extra))
+            hash(sig)
+            spans: tuple | None = tuple([h.span for h in operands.values()])
+        except (AttributeError, TypeError):
+            sig = spans = None
+        object.__setattr__(self, "signature", sig)
+        object.__setattr__(self, "read_spans", spans)
 
     def handles(self) -> tuple[Handle, ...]:
         """Every handle the op names: operands in order, then out."""
@@ -125,7 +146,9 @@ class CompositeCmd:
     logical_bytes: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "logical_bytes", sum(op.logical_bytes for op in self.ops))
+        ops = self.ops
+        object.__setattr__(self, "logical_bytes",
+                           ops[0].logical_bytes if len(ops) == 1 else sum([op.logical_bytes for op in ops]))
 
     def __repr__(self) -> str:
         it = f", iter={self.iter}" if self.iter >= 0 else ""

@@ -11,24 +11,19 @@ The dynamic part (queue depth, hazard holds, engine arbitration) happens in
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Sequence
 
 from ..config import Topology
-from ..memory import Handle
 from .commands import Command, DmaCmd, dispatch_cycles, n_ops
 from .engines import Latency
 from .stages import Phase, StageKind, StageTable
+from .templates import SEEN_ONCE, PlanTemplate, record, signature_key, stamp, templates_for
 from .tiling import StagingRing, generate_plan_from_ops
 
 _MATH, _SINGLE = int(StageKind.MATH), int(Phase.SINGLE)
 
 #: A byte range in one memory: (space is TCM, first byte, one past the last); ``Handle.span``.
 Range = tuple[bool, int, int]
-
-
-def _ranges(handles: Iterable[Handle], exclude: set[Range]) -> tuple[Range, ...]:
-    rs = dict.fromkeys(h.span for h in handles)
-    return tuple(r for r in rs if r not in exclude) if exclude else tuple(rs)
 
 
 def footprint(cmd: Command) -> tuple[tuple[Range, ...], tuple[Range, ...]]:
@@ -38,16 +33,20 @@ def footprint(cmd: Command) -> tuple[tuple[Range, ...], tuple[Range, ...]]:
     ``rw_handles``. Composite-internal scratch counts for neither.
     """
     if isinstance(cmd, DmaCmd):
-        return _ranges((cmd.src,), _NONE), _ranges((cmd.dst,), _NONE)
-    scratch = {h.span for h in cmd.scratch} if cmd.scratch else _NONE
+        return (cmd.src.span,), (cmd.dst.span,)
     ops = cmd.ops
-    reads = [h for op in ops for h in op.operands.values()]
-    writes = [op.out for op in ops if op.out is not None]
-    writes += cmd.rw_handles
-    return _ranges(reads, scratch), _ranges(writes, scratch)
+    try:
+        reads = dict.fromkeys([s for op in ops for s in op.read_spans])
+    except TypeError:  # an op whose operands are not handles: let the handles say what is wrong
+        reads = dict.fromkeys([h.span for op in ops for h in op.operands.values()])
+    writes = dict.fromkeys([op.out.span for op in ops if op.out is not None] + [h.span for h in cmd.rw_handles])
+    for h in cmd.scratch:
+        reads.pop(h.span, None)
+        writes.pop(h.span, None)
+    return tuple(reads), tuple(writes)
 
 
-_NONE: set[Range] = set()
+_UNSEEN = object()
 
 
 def _overlap(xs: tuple[Range, ...], ys: tuple[Range, ...]) -> bool:
@@ -92,7 +91,7 @@ class Program:
 
 
 def schedule(commands: Sequence[Command], topo: Topology, *, waits: Sequence[tuple[int, int]] = (),
-             with_effects: bool = False, staging_base: int = 0) -> Program:
+             with_effects: bool = False, staging_base: int = 0, templates: bool = True) -> Program:
     """Lower a program's commands to the full stage table.
 
     Args:
@@ -101,6 +100,9 @@ def schedule(commands: Sequence[Command], topo: Topology, *, waits: Sequence[tup
         waits: ``(before_cmd, wait_for_cmd)`` pairs from ``tl.wait``.
         with_effects: record data-mode effects on the stages.
         staging_base: TCM address of the scheduler's staging buffers.
+        templates: without effects, plan each composite signature once and
+            stamp repeats from its template (``pe.templates``); the stage
+            table is the same either way. ``False`` plans every command afresh.
 
     Returns:
         The :class:`Program`.
@@ -124,6 +126,9 @@ def schedule(commands: Sequence[Command], topo: Topology, *, waits: Sequence[tup
     # the footprint. Keyed by the tuple's id; the entry holds the tuple, so the id stays unique.
     chains: dict[int, tuple] = {}
     reuse = not with_effects
+    use_templates = reuse and templates
+    # signature key -> PlanTemplate, SEEN_ONCE, or None if not templatable; kept across runs
+    known = templates_for(topo) if use_templates else {}
     prev_d: tuple[int, ...] = ()
     prev_p: tuple[int, ...] = ()
     for i, cmd in enumerate(commands):
@@ -146,11 +151,23 @@ def schedule(commands: Sequence[Command], topo: Topology, *, waits: Sequence[tup
                 prev = (add(_MATH, _SINGLE, i, op_kind, 0, -1, "", 0, dur, prev),)
             fps.append(chain[2])
             continue
-        plan = generate_plan_from_ops(cmd, topo, table, ring, lat, after=(p,))
+        key = signature_key(cmd) if use_templates and not is_dma else None
+        tpl = known.get(key, _UNSEEN) if key is not None else None
+        first = len(table)
+        if tpl.__class__ is PlanTemplate:
+            stamp(tpl, cmd, table, ring, p)
+        else:
+            generate_plan_from_ops(cmd, topo, table, ring, lat, after=(p,))
+            if key is not None:
+                # record on the second sighting: a one-off command (the final store) never pays for it
+                if tpl is _UNSEEN:
+                    known[key] = SEEN_ONCE
+                elif tpl is SEEN_ONCE:
+                    known[key] = record(cmd, topo, lat)
         fp = footprint(cmd)
         fps.append(fp)
         if reuse and not is_dma and not cmd.rw_handles and not cmd.scratch:
-            rows = table.rows[plan.first_seq:plan.end_seq]
+            rows = table.rows[first:]
             if all(r[0] == _MATH for r in rows):
                 chains[id(cmd.ops)] = (cmd.ops, tuple((r[3], r[8]) for r in rows), fp)
     # every command's stages are DISPATCH, PLAN, then its plan: the rest follows from dispatch_seq

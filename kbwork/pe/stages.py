@@ -94,6 +94,10 @@ class StageTable:
         self._cols = None
         return len(rows) - 1
 
+    def touched(self) -> None:
+        """Say that ``rows`` was appended to directly (drops the cached columns)."""
+        self._cols = None
+
     def set_effect(self, seq: int, effect: object) -> None:
         """Replace a stage's data-mode effect."""
         self.rows[seq] = self.rows[seq][:-1] + (effect,)

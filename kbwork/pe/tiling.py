@@ -167,6 +167,18 @@ def generate_plan_from_ops(cmd: Command, topo: Topology, table: StageTable | Non
     return _plan_gemm(cmd, gemm_idx[0], topo, table, ring, lat, after, first)
 
 
+def named_handles(cmd: CompositeCmd) -> tuple[tuple[int, str | None], ...]:
+    """The handles whose names the plan's stages carry (op_log ``tensor``), as ``(op index, operand or None for out)``.
+
+    A GEMM plan names its a, b (streamed reads, FETCH) and out (write-back);
+    a MATH-only plan names the head op's operands (streamed reads).
+    """
+    for g, op in enumerate(cmd.ops):
+        if op.kind == "gemm":
+            return ((g, "a"), (g, "b"), (g, None))
+    return tuple((0, port) for port in cmd.ops[0].operands) if cmd.ops else ()
+
+
 def _math_stage(table: StageTable, lat: Latency, op: OpSpec, phase: int, cid: int, tile: int,
                 preds: tuple[int, ...], target: Handle | None, operands: dict | None = None) -> int:
     info = OPS[op.kind]

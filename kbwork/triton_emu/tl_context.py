@@ -252,7 +252,7 @@ class TLContext:
     def _epilogue_op(self, entry: Mapping[str, Any], i: int, default_scope: Scope) -> OpSpec:
         """The OpSpec of an epilogue entry; a loop repeats the same entries, so they are cached."""
         try:
-            key = (default_scope, tuple(entry.items()))
+            key = (default_scope._value_, tuple(entry.items()))
             op = self._entry_ops.get(key)
         except (TypeError, AttributeError):  # unhashable or not a dict: _entry_op says what is wrong
             key = op = None
@@ -433,16 +433,9 @@ def _math_head(math_op, a, b, c, out, value, factor) -> OpSpec:
 
 # --- validation (shared by both forms) ----------------------------------------------------------
 def _signature(ops: tuple[OpSpec, ...]) -> tuple | None:
-    """Everything validity depends on (kinds, scopes, spaces, shapes, dtypes, scalars), or None."""
-    try:
-        return tuple(
-            (o.kind, o.scope,
-             tuple((n, h.space, h.shape, h.dtype) for n, h in o.operands.items()),
-             None if o.out is None else (o.out.space, o.out.shape, o.out.dtype),
-             tuple(o.extra.items()) if o.kind == "gemm" else tuple(o.extra))
-            for o in ops)
-    except (AttributeError, TypeError):  # not handles: let the full check say what is wrong
-        return None
+    """Everything validity depends on (``OpSpec.signature`` of every op), or None."""
+    sig = tuple(o.signature for o in ops)
+    return None if None in sig else sig
 
 
 #: Signatures of op lists that passed validation: a loop emits the same shapes again and again.

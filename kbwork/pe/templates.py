@@ -1,0 +1,199 @@
+"""Plan templates: the stages of a command recorded once and stamped for every repeat.
+
+A loop emits the same commands tile after tile; only addresses and names
+change (``K[0:128]``, ``K[128:256]``, ...). The stages the scheduler plans
+for a composite depend on nothing else than its ops' signatures
+(:attr:`OpSpec.signature`: kinds, scopes, spaces, shapes, dtypes, pinning,
+GEMM sizes), on where the staging ring stands, and on the names of the
+handles it streams. So the first command with a given signature is planned
+by :func:`~kbwork.pe.tiling.generate_plan_from_ops` as usual, and recorded
+as a :class:`PlanTemplate`: every row with its dependencies made relative
+(to the plan's first stage, to the PLAN stage it follows, or to "the stage
+that last consumed the staging buffer this read takes") and its tensor name
+made a reference to the operand it came from. Later commands with the same
+signature are stamped from it: a few tuple operations per stage instead of
+the plan generator's per-tile arithmetic.
+
+Templates carry no data-mode effects, so only timing mode uses them; a test
+checks that templated and freshly generated schedules give byte-identical
+op_logs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from ..config import Topology
+from .commands import CompositeCmd
+from .engines import Latency
+from .stages import StageTable
+from .tiling import StagingRing, generate_plan_from_ops, named_handles
+
+_AFTER = -1  # the stage the plan's roots follow (the command's PLAN)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanTemplate:
+    """One command's plan with relative dependencies.
+
+    ``rows``: ``(kind, phase, op_kind, tile, k_tile, tensor, nbytes, dur, preds)``
+    where ``tensor`` indexes ``tensors`` and each pred is a local stage index
+    (>= 0), ``-1`` (the PLAN stage) or ``-2 - ext`` (the consumer the staging
+    ring holds for relative buffer ``ext`` before the plan starts).
+    ``tensors``: literal names, or tuples of ``paths`` indices joined by ``|``.
+    ``paths``: ``(op index, operand name or None for out)`` whose names rows use.
+    ``externals``: ``(pred code, slot, relative buffer)`` of every ring marker the rows use.
+    ``ring``: per slot the plan takes buffers from, ``(slot, buffers taken,
+    ((relative buffer, local stage that last consumes it), ...))``.
+    """
+
+    rows: tuple[tuple, ...]
+    tensors: tuple[object, ...]
+    paths: tuple[tuple[int, str | None], ...]
+    externals: tuple[tuple[int, str, int], ...]
+    ring: tuple[tuple[str, int, tuple[tuple[int, int], ...]], ...]
+
+    def __repr__(self) -> str:
+        taken = {slot: n for slot, n, _ in self.ring}
+        return f"PlanTemplate({len(self.rows)} stages, staging buffers taken {taken})"
+
+
+class _RecordingRing(StagingRing):
+    """A staging ring that reports buffers relative to where the plan starts.
+
+    The k-th buffer a plan takes from a slot is relative buffer
+    ``k % tile_buffers``; its previous consumer is a stage of the plan if the
+    plan already bound that relative buffer, else whatever the real ring
+    holds there (an external marker, resolved when stamping).
+    """
+
+    def __init__(self, topo: Topology):
+        super().__init__(topo)
+        n = self.n_buffers
+        self.ext_base = {slot: i * n for i, slot in enumerate(self.SLOTS)}
+        self._consumer = {slot: [-2 - (self.ext_base[slot] + r) for r in range(n)] for slot in self.SLOTS}
+        self.local_binds = {slot: [-1] * n for slot in self.SLOTS}
+
+    def acquire(self, slot: str) -> tuple[int, int | None]:
+        n = self._count[slot]
+        self._count[slot] = n + 1
+        buf = n % self.n_buffers
+        return buf, self._consumer[slot][buf]
+
+    def bind(self, slot: str, buf: int, consumer_seq: int) -> None:
+        self._consumer[slot][buf] = consumer_seq
+        self.local_binds[slot][buf] = consumer_seq
+
+
+#: Templates by topology, then signature key. A template depends on
+#: nothing but the topology and the signature, so it stays valid across runs: the second run of
+#: a kernel stamps every repeated command. Bounded (the calibration widget makes a topology per
+#: slider position); the oldest topology is dropped first.
+_BY_TOPOLOGY: dict[Topology, dict[tuple, object]] = {}
+#: Marks a signature planned once so far: the scheduler records it on the next sighting.
+SEEN_ONCE = object()
+_MAX_TOPOLOGIES = 16
+
+
+def templates_for(topo: Topology) -> dict[tuple, object]:
+    """The process-wide template table of ``topo`` (created empty on first use).
+
+    Values: a :class:`PlanTemplate`, ``SEEN_ONCE``, or None (not templatable).
+    """
+    table = _BY_TOPOLOGY.pop(topo, None)
+    if table is None:
+        table = {}
+        while len(_BY_TOPOLOGY) >= _MAX_TOPOLOGIES:
+            del _BY_TOPOLOGY[next(iter(_BY_TOPOLOGY))]
+    _BY_TOPOLOGY[topo] = table  # re-inserted: the most recently used is last
+    return table
+
+
+def signature_key(cmd: CompositeCmd) -> Optional[tuple]:
+    """The template key of a composite: its ops' signatures, or None if one is unknown."""
+    key = tuple(op.signature for op in cmd.ops)
+    return None if None in key else key
+
+
+def record(cmd: CompositeCmd, topo: Topology, lat: Latency) -> PlanTemplate | None:
+    """Record ``cmd``'s plan as a template; None if it cannot be expressed as one.
+
+    Call only for a command whose plan was already generated without error.
+    Stage names must map back to the handles tiling names stages after
+    (``tiling.named_handles``), so those must have distinct, non-empty names
+    without ``|``; a command whose do not is planned afresh every time.
+    """
+    paths = named_handles(cmd)
+    names = _names(cmd, paths)
+    if names is None:
+        return None
+    where = {name: i for i, name in enumerate(names)}
+    table = StageTable(with_effects=False)
+    ring = _RecordingRing(topo)
+    generate_plan_from_ops(cmd, topo, table, ring, lat, after=(_AFTER,))
+
+    tensors: list[object] = []
+    tensor_index: dict[str, int] = {}
+    used: dict[int, int] = {}  # index in paths -> index in the template's paths
+    codes: set[int] = set()
+    rows = []
+    for kind, phase, _cmd, op_kind, tile, k_tile, tensor, nbytes, dur, preds, _eff in table.rows:
+        ti = tensor_index.get(tensor)
+        if ti is None:
+            if tensor:
+                try:
+                    spec: object = tuple(used.setdefault(where[part], len(used)) for part in tensor.split("|"))
+                except KeyError:
+                    return None  # a name that is not one of the named handles: plan such commands afresh
+            else:
+                spec = tensor
+            ti = tensor_index[tensor] = len(tensors)
+            tensors.append(spec)
+        codes.update(x for x in preds if x < _AFTER)
+        rows.append((kind, phase, op_kind, tile, k_tile, ti, nbytes, dur, preds))
+    n = ring.n_buffers
+    externals = tuple((code, ring.SLOTS[(-2 - code) // n], (-2 - code) % n) for code in sorted(codes, reverse=True))
+    ring_use = tuple((slot, ring._count[slot], tuple((r, local) for r, local in enumerate(ring.local_binds[slot])
+                                                    if local >= 0))
+                     for slot in ring.SLOTS if ring._count[slot])
+    return PlanTemplate(tuple(rows), tuple(tensors), tuple(p for p, _ in sorted(
+        ((paths[i], k) for i, k in used.items()), key=lambda pk: pk[1])), externals, ring_use)
+
+
+def _names(cmd: CompositeCmd, paths: tuple[tuple[int, str | None], ...]) -> list[str] | None:
+    ops = cmd.ops
+    names = [(ops[oi].out if port is None else ops[oi].operands[port]).name for oi, port in paths]
+    if len(set(names)) != len(names) or any(not n or "|" in n for n in names):
+        return None
+    return names
+
+
+def stamp(tpl: PlanTemplate, cmd: CompositeCmd, table: StageTable, ring: StagingRing, plan_seq: int) -> None:
+    """Append ``cmd``'s stages to ``table`` from ``tpl`` and advance ``ring`` as generating them would."""
+    cid = cmd.completion.cmd
+    base = len(table.rows)
+    ops = cmd.ops
+    names = [(ops[oi].out if port is None else ops[oi].operands[port]).name for oi, port in tpl.paths]
+    tensors = [t if t.__class__ is str else "|".join([names[i] for i in t]) for t in tpl.tensors]
+    # what each pred code stands for: the PLAN stage, then the ring's consumers before this plan
+    n = ring.n_buffers
+    count, consumer = ring._count, ring._consumer
+    ext: dict[int, int | None] = {_AFTER: plan_seq}
+    for code, slot, r in tpl.externals:
+        ext[code] = consumer[slot][(count[slot] + r) % n]
+    rows = table.rows
+    for kind, phase, op_kind, tile, k_tile, ti, nbytes, dur, preds in tpl.rows:
+        if len(preds) == 1:
+            x = preds[0]
+            pr: tuple[int, ...] = (base + x,) if x >= 0 else (() if ext[x] is None else (ext[x],))
+        else:
+            pr = tuple([p for p in [base + x if x >= 0 else ext[x] for x in preds] if p is not None])
+        rows.append((kind, phase, cid, op_kind, tile, k_tile, tensors[ti], nbytes, dur, pr, None))
+    table.touched()
+    for slot, taken, binds in tpl.ring:
+        n0 = count[slot]
+        count[slot] = n0 + taken
+        consumers = consumer[slot]
+        for r, local in binds:
+            consumers[(n0 + r) % n] = base + local
