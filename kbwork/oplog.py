@@ -44,14 +44,15 @@ def _categorical(values: Sequence[str]) -> pd.Categorical:
     cats = tuple(sorted(set(values)))
     index = {c: i for i, c in enumerate(cats)}
     codes = np.fromiter(map(index.__getitem__, values), dtype=np.int32, count=len(values))
-    return pd.Categorical.from_codes(codes, dtype=_dtype(cats))
+    return pd.Categorical.from_codes(codes, dtype=_dtype(cats), validate=False)
 
 
 def build_op_log(prog: Program, start: Sequence[int], end: Sequence[int]) -> pd.DataFrame:
     """Assemble the op_log DataFrame of a simulated program (rows in seq order).
 
     String columns are categoricals (a byte or two per row instead of a
-    pointer to a string object), so a million-stage op_log stays small.
+    pointer to a string object), so a million-stage op_log stays small. Their
+    codes are built here, in range by construction, so pandas does not check them.
     """
     t = prog.table
     n = len(t)
@@ -63,11 +64,12 @@ def build_op_log(prog: Program, start: Sequence[int], end: Sequence[int]) -> pd.
         "seq": np.arange(n, dtype=np.int64),
         "cmd": cmd,
         "iter": np.array(prog.iters, dtype=np.int64)[cmd] if n else np.zeros(0, np.int64),
-        "label": pd.Categorical.from_codes(cmd_label[cmd] if n else [], dtype=_dtype(labels)),
-        "stage": pd.Categorical.from_codes(np.array(t.kind, dtype=np.int8), dtype=_STAGE_DTYPE),
-        "engine": pd.Categorical.from_codes(np.array(t.engine, dtype=np.int8), dtype=_ENGINE_DTYPE),
+        "label": pd.Categorical.from_codes(cmd_label[cmd] if n else np.zeros(0, np.int32), dtype=_dtype(labels),
+                                           validate=False),
+        "stage": pd.Categorical.from_codes(np.array(t.kind, dtype=np.int8), dtype=_STAGE_DTYPE, validate=False),
+        "engine": pd.Categorical.from_codes(np.array(t.engine, dtype=np.int8), dtype=_ENGINE_DTYPE, validate=False),
         "op_kind": _categorical(t.op_kind),
-        "phase": pd.Categorical.from_codes(np.array(t.phase, dtype=np.int8), dtype=_PHASE_DTYPE),
+        "phase": pd.Categorical.from_codes(np.array(t.phase, dtype=np.int8), dtype=_PHASE_DTYPE, validate=False),
         "tile": np.array(t.tile, dtype=np.int64),
         "k_tile": np.array(t.k_tile, dtype=np.int64),
         "tensor": _categorical(t.tensor),

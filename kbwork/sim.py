@@ -105,7 +105,7 @@ class Simulator:
             SimulationError: the program deadlocks.
         """
         tcm = self.memory.new_tcm()
-        ring_bytes = StagingRing(self.topo).total_bytes
+        ring_bytes = StagingRing.bytes_for(self.topo)
         staging = tcm.alloc("<staging buffers>", (ring_bytes // 4,), "fp32")
         with gc_paused():
             return self._run(kernel, staging, tcm, args, kwargs)

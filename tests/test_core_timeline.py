@@ -201,6 +201,17 @@ def test_bench_runs_are_byte_identical(name):
     assert "\r" not in first and first.endswith("\n")
 
 
+def test_op_log_is_the_frame_the_public_constructor_builds():
+    # oplog builds the frame through pandas' internal constructor for typed columns
+    log = BENCHES["gemm_epilogues"](kbwork.Simulator(mode="timing")).run.op_log
+    public = pd.DataFrame({c: log[c].array for c in log.columns})
+    pd.testing.assert_frame_equal(log, public, check_exact=True)
+    assert list(log.dtypes.astype(str)) == list(public.dtypes.astype(str))
+    assert log.index.equals(pd.RangeIndex(len(log)))
+    log.loc[0, "start"] = -5  # an ordinary, writable frame
+    assert log.start.iloc[0] == -5
+
+
 def test_csv_round_trips_and_is_written_to_a_path(tmp_path):
     from kbwork.oplog import read_csv
 

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..config import Topology
-from .commands import Command, DmaCmd, dispatch_cycles, n_ops
+from .commands import Command, DmaCmd, dispatch_cycles
 from .engines import Latency
 from .stages import Phase, StageKind, StageTable
-from .templates import SEEN_ONCE, PlanTemplate, record, signature_key, stamp, templates_for
+from .templates import SEEN_ONCE, PlanTemplate, record, stamp, templates_for
 from .tiling import StagingRing, generate_plan_from_ops
 
 _MATH, _SINGLE = int(StageKind.MATH), int(Phase.SINGLE)
@@ -117,8 +117,9 @@ def schedule(commands: Sequence[Command], topo: Topology, *, waits: Sequence[tup
     fixed, r, cap = topo.fixed_cycles, topo.r_fraction, topo.max_composite_logical_bytes
     dkind, pkind = int(StageKind.DISPATCH), int(StageKind.PLAN)
     dphase, pphase = int(Phase.DISPATCH), int(Phase.PLAN)
-    dcache: dict[int, int] = {}
-    add = table.add
+    dcache: dict[int, int] = {}     # logical bytes -> dispatch cycles
+    pcache: dict[int, int] = {}     # ops -> plan cycles
+    rows = table.rows               # DISPATCH and PLAN rows are appended here directly (the hot loop)
     dispatch_seq = prog.dispatch_seq
     fps: list[tuple[tuple[Range, ...], tuple[Range, ...]]] = []
     # Plans of MATH-only commands on pinned operands are a plain chain of MATH stages that
@@ -134,26 +135,44 @@ def schedule(commands: Sequence[Command], topo: Topology, *, waits: Sequence[tup
     for i, cmd in enumerate(commands):
         if cmd.completion.cmd != i:
             raise ValueError(f"command {cmd!r} is at position {i} but carries id {cmd.completion.cmd}")
-        is_dma = isinstance(cmd, DmaCmd)
+        ops = cmd.ops
+        is_dma = cmd.__class__ is DmaCmd
         kind = "dma" if is_dma else "composite"
         lb = cmd.logical_bytes
         dc = dcache.get(lb)
         if dc is None:
             dc = dcache[lb] = dispatch_cycles(lb, fixed, r, cap)
-        d = add(dkind, dphase, i, kind, -1, -1, "", lb, dc, prev_d)
-        p = add(pkind, pphase, i, kind, -1, -1, "", 0, lat.plan(n_ops(cmd)), (d,) + prev_p)
+        n_op = 1 if is_dma else len(ops)  # a DmaCmd plans as one op
+        pc = pcache.get(n_op)
+        if pc is None:
+            pc = pcache[n_op] = lat.plan(n_op)
+        d = len(rows)
+        rows.append((dkind, dphase, i, kind, -1, -1, "", lb, dc, prev_d, None))
+        rows.append((pkind, pphase, i, kind, -1, -1, "", 0, pc, (d,) + prev_p, None))
+        p = d + 1
         prev_d, prev_p = (d,), (p,)
         dispatch_seq.append(d)
-        chain = chains.get(id(cmd.ops)) if reuse and not is_dma else None
-        if chain is not None and chain[0] is cmd.ops and not cmd.rw_handles and not cmd.scratch:
+        if is_dma or not reuse:
+            generate_plan_from_ops(cmd, topo, table, ring, lat, after=(p,))
+            fps.append(footprint(cmd))
+            continue
+        plain = not cmd.rw_handles and not cmd.scratch
+        chain = chains.get(id(ops))
+        if chain is not None and chain[0] is ops and plain:
             prev = prev_p
             for op_kind, dur in chain[1]:
-                prev = (add(_MATH, _SINGLE, i, op_kind, 0, -1, "", 0, dur, prev),)
+                s = len(rows)
+                rows.append((_MATH, _SINGLE, i, op_kind, 0, -1, "", 0, dur, prev, None))
+                prev = (s,)
             fps.append(chain[2])
             continue
-        key = signature_key(cmd) if use_templates and not is_dma else None
+        key = None
+        if use_templates:
+            key = tuple([op.signature for op in ops])
+            if None in key:
+                key = None
         tpl = known.get(key, _UNSEEN) if key is not None else None
-        first = len(table)
+        first = len(rows)
         if tpl.__class__ is PlanTemplate:
             stamp(tpl, cmd, table, ring, p)
         else:
@@ -166,10 +185,9 @@ def schedule(commands: Sequence[Command], topo: Topology, *, waits: Sequence[tup
                     known[key] = record(cmd, topo, lat)
         fp = footprint(cmd)
         fps.append(fp)
-        if reuse and not is_dma and not cmd.rw_handles and not cmd.scratch:
-            rows = table.rows[first:]
-            if all(r[0] == _MATH for r in rows):
-                chains[id(cmd.ops)] = (cmd.ops, tuple((r[3], r[8]) for r in rows), fp)
+        if plain and (tpl.math_only if tpl.__class__ is PlanTemplate else all(r[0] == _MATH for r in rows[first:])):
+            chains[id(ops)] = (ops, tuple([(r[3], r[8]) for r in rows[first:]]), fp)
+    table.touched()
     # every command's stages are DISPATCH, PLAN, then its plan: the rest follows from dispatch_seq
     prog.plan_seq = [d + 1 for d in dispatch_seq]
     prog.plan_first = [d + 2 for d in dispatch_seq]

@@ -27,10 +27,11 @@ from typing import Optional
 from ..config import Topology
 from .commands import CompositeCmd
 from .engines import Latency
-from .stages import StageTable
+from .stages import StageKind, StageTable
 from .tiling import StagingRing, generate_plan_from_ops, named_handles
 
 _AFTER = -1  # the stage the plan's roots follow (the command's PLAN)
+_MATH = int(StageKind.MATH)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +47,7 @@ class PlanTemplate:
     ``externals``: ``(pred code, slot, relative buffer)`` of every ring marker the rows use.
     ``ring``: per slot the plan takes buffers from, ``(slot, buffers taken,
     ((relative buffer, local stage that last consumes it), ...))``.
+    ``math_only``: every stage is a MATH stage (a plain chain).
     """
 
     rows: tuple[tuple, ...]
@@ -53,6 +55,7 @@ class PlanTemplate:
     paths: tuple[tuple[int, str | None], ...]
     externals: tuple[tuple[int, str, int], ...]
     ring: tuple[tuple[str, int, tuple[tuple[int, int], ...]], ...]
+    math_only: bool
 
     def __repr__(self) -> str:
         taken = {slot: n for slot, n, _ in self.ring}
@@ -157,8 +160,9 @@ def record(cmd: CompositeCmd, topo: Topology, lat: Latency) -> PlanTemplate | No
     ring_use = tuple((slot, ring._count[slot], tuple((r, local) for r, local in enumerate(ring.local_binds[slot])
                                                     if local >= 0))
                      for slot in ring.SLOTS if ring._count[slot])
-    return PlanTemplate(tuple(rows), tuple(tensors), tuple(p for p, _ in sorted(
-        ((paths[i], k) for i, k in used.items()), key=lambda pk: pk[1])), externals, ring_use)
+    used_paths = tuple(paths[i] for i, _ in sorted(used.items(), key=lambda ik: ik[1]))
+    return PlanTemplate(tuple(rows), tuple(tensors), used_paths, externals, ring_use,
+                        all(row[0] == _MATH for row in rows))
 
 
 def _names(cmd: CompositeCmd, paths: tuple[tuple[int, str | None], ...]) -> list[str] | None:

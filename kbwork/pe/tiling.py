@@ -71,6 +71,11 @@ class StagingRing:
     def __repr__(self) -> str:
         return f"StagingRing({self.n_buffers} x {self.buf_bytes}, {self.total_bytes} B at {self.base_addr:#x})"
 
+    @staticmethod
+    def bytes_for(topo: Topology) -> int:
+        """The TCM bytes the ring of ``topo`` occupies (``total_bytes``, without building one)."""
+        return topo.tile_buffers * (topo.tile_m * topo.tile_k + topo.tile_k * topo.tile_n) * _MAX_ITEMSIZE
+
     def acquire(self, slot: str) -> tuple[int, int | None]:
         """Take the next buffer of ``slot``; return ``(buffer index, seq to wait for or None)``."""
         n = self._count[slot]

@@ -77,6 +77,7 @@ def simulate(prog: Program, apply: Callable[[object], None] | None = None,
     end = [-1] * n
     events: list[tuple[int, int]] = []
     ready: list[list[int]] = [[], [], [], [], []]
+    ready_dma, ready_gemm, ready_math = ready[2], ready[3], ready[4]
     busy = [False] * 5
 
     topo = prog.topo
@@ -120,8 +121,9 @@ def simulate(prog: Program, apply: Callable[[object], None] | None = None,
                 if apply is not None and effects[s] is not None:
                     apply(effects[s])
                 for u in succ[s]:
-                    remaining[u] -= 1
-                    if remaining[u] == 0:
+                    left = remaining[u] - 1
+                    remaining[u] = left
+                    if not left:
                         heappush(ready[engine[u]], u)
                 c = cmd_of[s]
                 cmd_left[c] -= 1
@@ -162,15 +164,16 @@ def simulate(prog: Program, apply: Callable[[object], None] | None = None,
         # -- start what can start at t --------------------------------------------------
         if not busy[0] and next_dispatch < ncmd and in_flight < depth:
             c = next_dispatch
-            if all(completed[w] for w in waits[c]):
+            wc = waits[c]
+            if not wc or all(completed[w] for w in wc):
                 s = dispatch_seq[c]
                 if edges is not None:
                     edges[s].extend(final_stage[w] for w in waits[c])
                     if last_completion[0] == t:
                         edges[s].append(last_completion[1])
                 start[s] = t
-                end[s] = t + dur[s]
-                heappush(events, (end[s], s))
+                end[s] = te = t + dur[s]
+                heappush(events, (te, s))
                 busy[0] = True
                 in_flight += 1
                 active.append(c)
@@ -180,17 +183,29 @@ def simulate(prog: Program, apply: Callable[[object], None] | None = None,
             if edges is not None and last_release[0] == t:
                 edges[s].append(last_release[1])
             start[s] = t
-            end[s] = t + dur[s]
-            heappush(events, (end[s], s))
+            end[s] = te = t + dur[s]
+            heappush(events, (te, s))
             busy[1] = True
             next_plan += 1
-        for e in (2, 3, 4):
-            if not busy[e] and ready[e]:
-                s = heappop(ready[e])
-                start[s] = t
-                end[s] = t + dur[s]
-                heappush(events, (end[s], s))
-                busy[e] = True
+        # the three data engines, unrolled (this runs once per instant)
+        if ready_dma and not busy[2]:
+            s = heappop(ready_dma)
+            start[s] = t
+            end[s] = te = t + dur[s]
+            heappush(events, (te, s))
+            busy[2] = True
+        if ready_gemm and not busy[3]:
+            s = heappop(ready_gemm)
+            start[s] = t
+            end[s] = te = t + dur[s]
+            heappush(events, (te, s))
+            busy[3] = True
+        if ready_math and not busy[4]:
+            s = heappop(ready_math)
+            start[s] = t
+            end[s] = te = t + dur[s]
+            heappush(events, (te, s))
+            busy[4] = True
         if not events:
             break
         t = events[0][0]
