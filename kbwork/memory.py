@@ -179,7 +179,7 @@ class Arena:
         """
         shape = _check_shape(name, shape)
         dtype = canonical_dtype(dtype)
-        nbytes = math.prod(shape) * itemsize(dtype)
+        nbytes = math.prod(shape) * _ITEMSIZE[dtype]
         addr = -(-self.top // self.ALIGN) * self.ALIGN
         if self.capacity is not None and addr + nbytes > self.capacity:
             holders = sorted(self.live, key=lambda h: (-h.nbytes, h.addr))[:8]
@@ -197,6 +197,24 @@ class Arena:
             self.buf = grown
             self._views.clear()  # the old views point into the old buffer
         return h
+
+    def adopt(self, handles: list[Handle]) -> bool:
+        """Allocate ``handles`` again, exactly where they were (a replayed allocation).
+
+        Returns False and changes nothing unless each one is what :meth:`alloc`
+        would return next (same space, at the aligned top, fitting the capacity).
+        """
+        top = self.top
+        for h in handles:
+            addr = -(-top // self.ALIGN) * self.ALIGN
+            if h.space != self.space or h.addr != addr or (self.capacity is not None and h.end > self.capacity):
+                return False
+            top = h.end
+        if self.backed and self.capacity is None and top > self.buf.size:
+            return False  # growing a backed HBM stays alloc's job
+        self.top = top
+        self.live.extend(handles)
+        return True
 
     def mark(self) -> tuple[int, int]:
         return self.top, len(self.live)

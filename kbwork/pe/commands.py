@@ -47,7 +47,7 @@ class Completion:
 
 
 def _freeze(m: Mapping[str, Any] | None) -> Mapping[str, Any]:
-    return MappingProxyType(dict(m or {}))
+    return MappingProxyType(dict(m) if m else {})
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -77,32 +77,36 @@ class OpSpec:
     read_spans: tuple | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.scope, Scope):  # a scope name ("k_tile") from the flat form
+        if self.scope.__class__ is not Scope:  # a scope name ("k_tile") from the flat form
             try:
                 object.__setattr__(self, "scope", Scope(str(self.scope).lower()))
             except ValueError:
                 raise ValidationError(f"OpSpec {self.kind!r}: scope {self.scope!r} is unknown; use one of "
                                       f"{', '.join(s.value for s in Scope)}.") from None
-        operands, extra, out = _freeze(self.operands), _freeze(self.extra), self.out
-        object.__setattr__(self, "operands", operands)
-        object.__setattr__(self, "extra", extra)
-        object.__setattr__(self, "logical_bytes",
-                           LOGICAL_BYTES_PER_OP + LOGICAL_BYTES_PER_HANDLE * (len(operands) + (out is not None))
-                           + LOGICAL_BYTES_PER_SCALAR * len(extra))
+        set_ = object.__setattr__
+        kind, operands, extra, out = self.kind, _freeze(self.operands), _freeze(self.extra), self.out
+        set_(self, "operands", operands)
+        set_(self, "extra", extra)
+        set_(self, "logical_bytes", LOGICAL_BYTES_PER_OP + LOGICAL_BYTES_PER_HANDLE * (len(operands) + (out is not None))
+             + LOGICAL_BYTES_PER_SCALAR * len(extra))
         try:
             # plain strings, ints and tuples only: the key is hashed on every lookup, and an enum's
             # hash is a Python-level call. ``span[0]`` is the handle's space (is it TCM).
+            described, spans = [], []
+            for n, h in operands.items():
+                span = h.span
+                described.append((n, span[0], h.shape, h.dtype, h.pinned))
+                spans.append(span)
             sig: tuple | None = (
-                self.kind, self.scope._value_,
-                tuple((n, h.span[0], h.shape, h.dtype, h.pinned) for n, h in operands.items()),
+                kind, self.scope._value_, tuple(described),
                 None if out is None else (out.span[0], out.shape, out.dtype, out.pinned),
-                tuple(extra.items()) if self.kind == "gemm" else tuple(extra))
-            hash(sig)
-            spans: tuple | None = tuple([h.span for h in operands.values()])
+                tuple(extra.items()) if kind == "gemm" else tuple(extra))
+            hash(sig)  # a hand-built handle with a list shape, or an unhashable scalar: no signature
+            read_spans: tuple | None = tuple(spans)
         except (AttributeError, TypeError):
-            sig = spans = None
-        object.__setattr__(self, "signature", sig)
-        object.__setattr__(self, "read_spans", spans)
+            sig = read_spans = None
+        set_(self, "signature", sig)
+        set_(self, "read_spans", read_spans)
 
     def handles(self) -> tuple[Handle, ...]:
         """Every handle the op names: operands in order, then out."""

@@ -57,6 +57,8 @@ class TLContext:
         self._recipe_expansions: dict[tuple, tuple] = {}
         self._entry_ops: dict[tuple, OpSpec] = {}
         self._math_ops: dict[tuple, tuple] = {}
+        self._gemm_calls: dict[tuple, tuple] = {}
+        self._last_scratch_key: tuple = ()
 
     def __repr__(self) -> str:
         return f"TLContext({len(self.commands)} commands, iter={self._iter}, {len(self._scopes)} open scratch scopes)"
@@ -175,13 +177,33 @@ class TLContext:
             if hit is not None and hit[1] is a and hit[2] is b and hit[3] is c and hit[4] is out:
                 flat = hit[0]
             else:
-                flat = (_math_head(math_op, a, b, c, out, value, factor),)
-                validate_ops(flat, where=len(self.commands))
+                flat = _math_head_across_runs(math_op, a, b, c, out, value, factor, len(self.commands))
                 self._math_ops[key] = (flat, a, b, c, out)  # holding the handles keeps their ids unique
             done = Completion(len(self.commands))
             self.commands.append(CompositeCmd(done, flat, (), True, (),
                                               label if label is not None else flat[0].kind, self._iter))
             return done
+        gemm_key = None
+        if op == "gemm" and ops is None and not self._scopes and c is None and math_op is None \
+                and value is None and factor is None:
+            # A loop emits the same GEMM composite every tile with only b (the K/V slice) new.
+            # Everything but the GEMM op itself (recipe expansion, epilogue ops, rw handles,
+            # scratch) depends on the other arguments, so reuse it and build just the GEMM op.
+            try:
+                gemm_key = (id(a), id(out), bool(trans_b), tuple([tuple(e.items()) for e in prologue]),
+                            tuple([tuple(e.items()) for e in epilogue]), tuple(rw_handles))
+                hit = self._gemm_calls.get(gemm_key)
+            except (TypeError, AttributeError):  # unhashable or malformed entries: the full path says why
+                gemm_key = hit = None
+            if hit is not None and hit[0] is a and hit[1] is out:
+                _, _, pre, post, rw, scratch, a_bound = hit
+                flat = pre + (_gemm_spec(a_bound, b, out, trans_b, None),) + post
+                validate_ops(flat, where=len(self.commands))
+                done = Completion(len(self.commands))
+                self.commands.append(CompositeCmd(done, flat, rw, True, scratch,
+                                                  label if label is not None else "+".join(o.kind for o in flat),
+                                                  self._iter))
+                return done
         if ops is not None:
             given = [k for k, v in dict(op=op, a=a, b=b, c=c, out=out, math_op=math_op, value=value,
                                          factor=factor).items() if v is not None]
@@ -198,6 +220,10 @@ class TLContext:
             flat, rw, scratch = self._lower_legacy(op, a, b, c, out, trans_b, math_op, value, factor,
                                                    prologue, epilogue, tuple(rw_handles))
         validate_ops(flat, where=len(self.commands))
+        if gemm_key is not None:
+            g = [o.kind for o in flat].index("gemm")
+            # holding a and out keeps their ids unique while the entry lives
+            self._gemm_calls[gemm_key] = (a, out, flat[:g], flat[g + 1:], rw, scratch, flat[g].operands["a"])
         done = Completion(len(self.commands))
         self.commands.append(CompositeCmd(done, flat, rw, True, scratch,
                                           label if label is not None else "+".join(o.kind for o in flat),
@@ -277,6 +303,9 @@ class TLContext:
                 key = hit = None
             if hit is not None:
                 return hit
+            hit = self._replay_expansion(key)
+            if hit is not None:
+                return hit
         missing = [n for n in rd.operands if n not in given]
         extra = [n for n in given if n not in rd.operands]
         if missing or extra:
@@ -316,6 +345,7 @@ class TLContext:
                 raise ValidationError(f"{where}: the head GEMM was given {po.binds}={head_kwargs[po.binds].name}, "
                                       f"but the recipe binds {po.binds} to its primary output {po.name} "
                                       f"(ADR-0065 D6.6). Omit {po.binds}=, or drop the recipe.")
+        state = self._tcm_state()
         scratch = self._recipe_scratch_for(rd, given)
         env: dict[str, Handle] = dict(given)
         env.update(scratch)
@@ -329,6 +359,30 @@ class TLContext:
         result = (specs, rw, list(scratch.values()), bound)
         if key is not None:
             self._recipe_expansions[key] = result
+            if state is not None:
+                _remember(_EXPANSIONS, key + state, (result, self._last_scratch_key, scratch))
+        return result
+
+    # A new run expands the same recipe on equal handles (same names, addresses, shapes) into an
+    # equally empty TCM: the expansion, checks included, comes out the same, and only its scratch
+    # allocations have to happen again. _EXPANSIONS keeps it across runs keyed by everything it
+    # depends on, and a hit re-allocates the recorded scratch at the recorded addresses.
+    def _tcm_state(self) -> tuple | None:
+        tcm = self.mem.tcm
+        return None if self._scopes else (len(self._recipe_scratch), tcm.top, tcm.capacity)
+
+    def _replay_expansion(self, key: tuple):
+        state = self._tcm_state()
+        cached = _EXPANSIONS.get(key + state) if state is not None else None
+        if cached is None:
+            return None
+        result, scratch_key, scratch = cached
+        if scratch_key in self._recipe_scratch or not self.mem.tcm.adopt(list(scratch.values())):
+            return None
+        for h in scratch.values():
+            self.names[h.name] = h
+        self._recipe_scratch[scratch_key] = scratch
+        self._recipe_expansions[key] = result
         return result
 
     def _recipe_scratch_for(self, rd: RecipeDescriptor, given: Mapping[str, Handle]) -> dict[str, Handle]:
@@ -340,6 +394,7 @@ class TLContext:
         """
         key = (rd.name,) + tuple((n, h.addr if rd.operands[n] == "RW" else -1, h.shape, h.dtype)
                                  for n, h in given.items())
+        self._last_scratch_key = key
         if not self._scopes and key in self._recipe_scratch:
             return self._recipe_scratch[key]
         shapes: dict[str, tuple[tuple[int, ...], str]] = {
@@ -429,6 +484,35 @@ def _math_head(math_op, a, b, c, out, value, factor) -> OpSpec:
         if val is not None:
             extra[key] = val
     return OpSpec(math_op, Scope.KERNEL, operands, extra, out)
+
+
+# --- caches that outlive a run ------------------------------------------------------------------
+#: Lowered MATH heads and recipe expansions by value (handles compare by name, space, address,
+#: shape, dtype): a kernel run again emits equal ops on equal handles. Bounded: cleared when full.
+_MATH_HEADS: dict[tuple, tuple[OpSpec, ...]] = {}
+_EXPANSIONS: dict[tuple, tuple] = {}
+_MAX_ENTRIES = 4096
+
+
+def _remember(cache: dict, key: tuple, value: object) -> None:
+    if len(cache) >= _MAX_ENTRIES:
+        cache.clear()
+    cache[key] = value
+
+
+def _math_head_across_runs(math_op, a, b, c, out, value, factor, where: int) -> tuple[OpSpec, ...]:
+    """The validated one-op tuple of a MATH command, shared with earlier runs on equal handles."""
+    try:
+        key = (math_op, a, b, c, out, value, factor)
+        flat = _MATH_HEADS.get(key)
+    except TypeError:  # an unhashable argument: the checks below say what is wrong
+        key = flat = None
+    if flat is None:
+        flat = (_math_head(math_op, a, b, c, out, value, factor),)
+        validate_ops(flat, where=where)
+        if key is not None:
+            _remember(_MATH_HEADS, key, flat)
+    return flat
 
 
 # --- validation (shared by both forms) ----------------------------------------------------------
