@@ -47,6 +47,21 @@ def footprint(cmd: Command) -> tuple[tuple[Range, ...], tuple[Range, ...]]:
 
 
 _UNSEEN = object()
+_DISPATCH_TABLES: dict[tuple, dict[int, int]] = {}
+
+
+def _dispatch_table(fixed: int, r: object, cap: int) -> dict[int, int]:
+    """A (growing) table of dispatch cycles by logical bytes for one calibration, kept across runs.
+
+    Keyed by R as given (a float hashes in C; ``dispatch_cycles`` reads it exactly).
+    """
+    key = (fixed, r, cap)
+    table = _DISPATCH_TABLES.get(key)
+    if table is None:
+        if len(_DISPATCH_TABLES) >= 64:  # the calibration widget makes one per slider position
+            _DISPATCH_TABLES.clear()
+        table = _DISPATCH_TABLES[key] = {}
+    return table
 
 
 def _overlap(xs: tuple[Range, ...], ys: tuple[Range, ...]) -> bool:
@@ -114,10 +129,10 @@ def schedule(commands: Sequence[Command], topo: Topology, *, waits: Sequence[tup
     wait_map: dict[int, list[int]] = {}
     for before, target in waits:
         wait_map.setdefault(before, []).append(target)
-    fixed, r, cap = topo.fixed_cycles, topo.r_fraction, topo.max_composite_logical_bytes
+    fixed, r, cap = topo.fixed_cycles, topo.r_cycles_per_byte, topo.max_composite_logical_bytes
     dkind, pkind = int(StageKind.DISPATCH), int(StageKind.PLAN)
     dphase, pphase = int(Phase.DISPATCH), int(Phase.PLAN)
-    dcache: dict[int, int] = {}     # logical bytes -> dispatch cycles
+    dcache = _dispatch_table(fixed, r, cap)  # logical bytes -> dispatch cycles
     pcache: dict[int, int] = {}     # ops -> plan cycles
     rows = table.rows               # DISPATCH and PLAN rows are appended here directly (the hot loop)
     dispatch_seq = prog.dispatch_seq
