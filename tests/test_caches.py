@@ -105,3 +105,18 @@ def test_cross_run_caches_are_bounded():
     for i in range(tl_context._MAX_ENTRIES + 10):
         tl_context._remember(tl_context._MATH_HEADS, (i,), ())
     assert len(tl_context._MATH_HEADS) <= tl_context._MAX_ENTRIES
+
+
+def test_a_repeated_gemm_call_with_a_differently_shaped_b_is_validated_again():
+    tl = _tl()
+    V = tl.mem.hbm.alloc("V", (256, 128), "bf16")
+    Q = tl.alloc((8, 128), "bf16", name="Q")
+    S = tl.alloc((8, 128), "fp32", name="S")
+    for j in range(3):  # same call, new slice: the op tuple is reused, not rebuilt
+        tl.composite(op="gemm", a=Q, b=V[j * 64:j * 64 + 128], trans_b=True, out=S,
+                     epilogue=[{"op": "scale", "factor": 0.5}])
+    ops = [c.ops for c in tl.commands]
+    assert ops[1][1] is ops[0][1] and ops[1][0].signature is ops[0][0].signature
+    assert ops[2][0].operands["b"].name == "V[128:256]" and ops[2][0].read_spans[1] == V[128:256].span
+    with pytest.raises(kbwork.ValidationError, match="shape mismatch"):
+        tl.composite(op="gemm", a=Q, b=V[0:64], trans_b=True, out=S, epilogue=[{"op": "scale", "factor": 0.5}])

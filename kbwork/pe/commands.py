@@ -108,6 +108,31 @@ class OpSpec:
         set_(self, "signature", sig)
         set_(self, "read_spans", read_spans)
 
+    def _with_operand(self, port: str, handle: Handle) -> "OpSpec":
+        """A copy with operand ``port`` replaced by ``handle`` (a loop's next K/V slice).
+
+        For the kernel language's hot path: when ``handle`` has the old
+        operand's space, shape, dtype and pinning, everything but the operand
+        map and the spans is the old op's (signature included), so only those
+        are rebuilt. Otherwise the op is constructed afresh.
+        """
+        old = self.operands[port]
+        if handle.__class__ is not Handle or (handle.space, handle.shape, handle.dtype, handle.pinned) != \
+                (old.space, old.shape, old.dtype, old.pinned):
+            return OpSpec(self.kind, self.scope, {**self.operands, port: handle}, self.extra, self.out)
+        new = object.__new__(OpSpec)
+        set_ = object.__setattr__
+        operands = MappingProxyType({**self.operands, port: handle})
+        set_(new, "kind", self.kind)
+        set_(new, "scope", self.scope)
+        set_(new, "operands", operands)
+        set_(new, "extra", self.extra)
+        set_(new, "out", self.out)
+        set_(new, "logical_bytes", self.logical_bytes)
+        set_(new, "signature", self.signature)
+        set_(new, "read_spans", None if self.read_spans is None else tuple([h.span for h in operands.values()]))
+        return new
+
     def handles(self) -> tuple[Handle, ...]:
         """Every handle the op names: operands in order, then out."""
         hs = tuple(self.operands.values())

@@ -196,9 +196,13 @@ class TLContext:
             except (TypeError, AttributeError):  # unhashable or malformed entries: the full path says why
                 gemm_key = hit = None
             if hit is not None and hit[0] is a and hit[1] is out:
-                _, _, pre, post, rw, scratch, a_bound = hit
-                flat = pre + (_gemm_spec(a_bound, b, out, trans_b, None),) + post
-                validate_ops(flat, where=len(self.commands))
+                _, _, pre, post, rw, scratch, prev = hit
+                head = prev._with_operand("b", b) if b.__class__ is Handle else None
+                if head is not None and head.signature is prev.signature:
+                    flat = pre + (head,) + post  # same signature as the validated op tuple
+                else:
+                    flat = pre + (_gemm_spec(prev.operands["a"], b, out, trans_b, None),) + post
+                    validate_ops(flat, where=len(self.commands))
                 done = Completion(len(self.commands))
                 self.commands.append(CompositeCmd(done, flat, rw, True, scratch,
                                                   label if label is not None else "+".join(o.kind for o in flat),
@@ -223,7 +227,7 @@ class TLContext:
         if gemm_key is not None:
             g = [o.kind for o in flat].index("gemm")
             # holding a and out keeps their ids unique while the entry lives
-            self._gemm_calls[gemm_key] = (a, out, flat[:g], flat[g + 1:], rw, scratch, flat[g].operands["a"])
+            self._gemm_calls[gemm_key] = (a, out, flat[:g], flat[g + 1:], rw, scratch, flat[g])
         done = Completion(len(self.commands))
         self.commands.append(CompositeCmd(done, flat, rw, True, scratch,
                                           label if label is not None else "+".join(o.kind for o in flat),
