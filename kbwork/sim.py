@@ -120,8 +120,12 @@ class Simulator:
         t1 = perf_counter()
         prog = schedule(tl.commands, self.topo, waits=tl.waits, with_effects=data, staging_base=staging.addr)
         t2 = perf_counter()
-        executor = DataExecutor(self.memory) if data else None
-        start, end = simulate(prog, executor.apply if executor else None)
+        if data:
+            executor = DataExecutor(self.memory)
+            with executor.quiet():
+                start, end = simulate(prog, executor.apply)
+        else:
+            start, end = simulate(prog)
         t3 = perf_counter()
         names = dict(self._hbm)
         names.update(tl.names)

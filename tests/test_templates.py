@@ -104,13 +104,28 @@ def test_a_command_whose_named_handles_share_a_name_is_planned_afresh():
     assert set(run.op_log.tensor.astype(str)) >= {"X", "X|X", "Y"}
 
 
-def test_template_cache_is_per_topology_and_bounded():
+def test_template_cache_is_keyed_by_what_plans_read_and_bounded():
     base = load_topology()
-    tables = [templates.templates_for(base.replace(fixed_cycles=100 + i)) for i in range(templates._MAX_TOPOLOGIES + 4)]
+    # the calibration widget's moves do not touch plans: the same templates serve them
+    same = [base.replace(fixed_cycles=0), base.replace(r_cycles_per_byte=0.5, cmd_queue_depth=2),
+            base.replace(hazard_policy="rw_aware")]
+    assert all(templates.templates_for(t) is templates.templates_for(base) for t in same)
+    tables = [templates.templates_for(base.replace(dma_base_cycles=100 + i))
+              for i in range(templates._MAX_TOPOLOGIES + 4)]
     assert len(templates._BY_TOPOLOGY) <= templates._MAX_TOPOLOGIES
     assert len({id(t) for t in tables}) == len(tables)
-    latest = base.replace(fixed_cycles=100 + templates._MAX_TOPOLOGIES + 3)
+    latest = base.replace(dma_base_cycles=100 + templates._MAX_TOPOLOGIES + 3)
     assert templates.templates_for(latest) is tables[-1]
+    for f in ("tile_k", "tile_buffers", "math_cost_exp", "gemm_base_cycles", "tcm_bytes"):
+        assert f in templates._PLAN_FIELDS
+
+
+def test_templates_recorded_under_one_calibration_serve_another():
+    decode.run("opt3", kv_len=1024, mode="timing", fixed_cycles=7)
+    moved = decode.run("opt3", kv_len=1024, mode="timing", fixed_cycles=300, r_cycles_per_byte=0.25)
+    assert _stamped(moved.run) >= 2 * moved.n_tiles - 2
+    fresh = decode.run("opt3", kv_len=1024, mode="data", fixed_cycles=300, r_cycles_per_byte=0.25)
+    assert moved.to_csv() == fresh.to_csv()
 
 
 def test_a_template_has_a_readable_repr():

@@ -90,6 +90,11 @@ class DataExecutor:
     def __repr__(self) -> str:
         return f"DataExecutor({len(self.acc)} live accumulators)"
 
+    @staticmethod
+    def quiet() -> np.errstate:
+        """numpy's floating-point warnings off, for the span of a run (see ``ops.apply_math``)."""
+        return np.errstate(invalid="ignore", over="ignore", divide="ignore")
+
     def _block(self, h: Handle, r0: int, r1: int, c0: int, c1: int) -> np.ndarray:
         v = self.mem.arena(h).view(h)
         return v[r0:r1, c0:c1] if v.ndim == 2 else v[c0:c1]

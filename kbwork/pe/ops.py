@@ -62,14 +62,16 @@ MATH_KINDS = tuple(k for k in OPS if k != "gemm")
 def apply_math(kind: str, args: dict[str, np.ndarray], extra: dict, acc: np.ndarray | None = None) -> np.ndarray:
     """Compute one MATH op in float32 and return the result (not yet rounded).
 
-    ``acc`` is the running value for accumulator ops.
+    ``acc`` is the running value for accumulator ops. Overflow to inf and
+    ``exp(-inf - -inf)`` are part of the ops' meaning (``m`` starts at -inf);
+    :meth:`DataExecutor.quiet` silences numpy's warnings for a whole run, so
+    this does not set ``np.errstate`` per call.
     """
     if kind == "fill":
         raise AssertionError("fill is applied by the caller (it needs the out shape)")
     if kind == "scale":
         return acc * np.float32(extra["factor"])
     info = OPS[kind]
-    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        if info.accumulator:
-            return info.fn(acc, *(args[n] for n in info.operands))
-        return info.fn(*(args[n] for n in info.operands))
+    if info.accumulator:
+        return info.fn(acc, *[args[n] for n in info.operands])
+    return info.fn(*[args[n] for n in info.operands])

@@ -5,9 +5,10 @@ change (``K[0:128]``, ``K[128:256]``, ...). The stages the scheduler plans
 for a composite depend on nothing else than its ops' signatures
 (:attr:`OpSpec.signature`: kinds, scopes, spaces, shapes, dtypes, pinning,
 GEMM sizes), on where the staging ring stands, and on the names of the
-handles it streams. So the first command with a given signature is planned
-by :func:`~kbwork.pe.tiling.generate_plan_from_ops` as usual, and recorded
-as a :class:`PlanTemplate`: every row with its dependencies made relative
+handles it streams. So a command is planned by
+:func:`~kbwork.pe.tiling.generate_plan_from_ops` as usual until its
+signature is seen a second time; then it is also recorded as a
+:class:`PlanTemplate`: every row with its dependencies made relative
 (to the plan's first stage, to the PLAN stage it follows, or to "the stage
 that last consumed the staging buffer this read takes") and its tensor name
 made a reference to the operand it came from. Later commands with the same
@@ -21,7 +22,7 @@ op_logs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Optional
 
 from ..config import Topology
@@ -89,27 +90,40 @@ class _RecordingRing(StagingRing):
         self.local_binds[slot][buf] = consumer_seq
 
 
-#: Templates by topology, then signature key. A template depends on
-#: nothing but the topology and the signature, so it stays valid across runs: the second run of
-#: a kernel stamps every repeated command. Bounded (the calibration widget makes a topology per
-#: slider position); the oldest topology is dropped first.
-_BY_TOPOLOGY: dict[Topology, dict[tuple, object]] = {}
+#: Templates by the topology's plan-relevant fields, then signature key. A template depends on
+#: nothing else, so it stays valid across runs: the second run of a kernel stamps every repeated
+#: command, and so does a run after the calibration widget moved FIXED or R. Bounded; the least
+#: recently used topology is dropped first.
+_BY_TOPOLOGY: dict[tuple, dict[tuple, object]] = {}
 #: Marks a signature planned once so far: the scheduler records it on the next sighting.
 SEEN_ONCE = object()
 _MAX_TOPOLOGIES = 16
+#: Topology fields no plan reads: dispatch calibration, queue depth and hazard policy act in the
+#: scheduler's loop and the timeline, names are labels. Every other field (a new one included)
+#: keys the templates.
+_NOT_PLANNED = frozenset({"name", "source", "clock_ghz", "fixed_cycles", "r_cycles_per_byte",
+                          "max_composite_logical_bytes", "cmd_queue_depth", "hazard_policy",
+                          "plan_base_cycles", "plan_cycles_per_op"})
+_PLAN_FIELDS = tuple(f.name for f in fields(Topology) if f.name not in _NOT_PLANNED)
+
+
+def plan_key(topo: Topology) -> tuple:
+    """The values of the topology fields a plan can depend on (tiles, buffers, latencies, TCM)."""
+    return tuple([getattr(topo, f) for f in _PLAN_FIELDS])
 
 
 def templates_for(topo: Topology) -> dict[tuple, object]:
-    """The process-wide template table of ``topo`` (created empty on first use).
+    """The process-wide template table for ``topo``'s plan-relevant fields (created empty on first use).
 
     Values: a :class:`PlanTemplate`, ``SEEN_ONCE``, or None (not templatable).
     """
-    table = _BY_TOPOLOGY.pop(topo, None)
+    key = plan_key(topo)
+    table = _BY_TOPOLOGY.pop(key, None)
     if table is None:
         table = {}
         while len(_BY_TOPOLOGY) >= _MAX_TOPOLOGIES:
             del _BY_TOPOLOGY[next(iter(_BY_TOPOLOGY))]
-    _BY_TOPOLOGY[topo] = table  # re-inserted: the most recently used is last
+    _BY_TOPOLOGY[key] = table  # re-inserted: the most recently used is last
     return table
 
 

@@ -55,7 +55,6 @@ class TLContext:
         self._scopes: list[tuple[int, int]] = []
         self._recipe_scratch: dict[tuple, dict[str, Handle]] = {}
         self._recipe_expansions: dict[tuple, tuple] = {}
-        self._entry_ops: dict[tuple, OpSpec] = {}
         self._math_ops: dict[tuple, tuple] = {}
         self._gemm_calls: dict[tuple, tuple] = {}
         self._last_scratch_key: tuple = ()
@@ -280,16 +279,16 @@ class TLContext:
         return tuple(pre) + (head,) + tuple(post), rw_all, tuple(scratch)
 
     def _epilogue_op(self, entry: Mapping[str, Any], i: int, default_scope: Scope) -> OpSpec:
-        """The OpSpec of an epilogue entry; a loop repeats the same entries, so they are cached."""
+        """The OpSpec of an epilogue entry; loops and later runs repeat equal entries, so they are cached."""
         try:
             key = (default_scope._value_, tuple(entry.items()))
-            op = self._entry_ops.get(key)
+            op = _ENTRY_OPS.get(key)
         except (TypeError, AttributeError):  # unhashable or not a dict: _entry_op says what is wrong
             key = op = None
         if op is None:
             op = _entry_op(entry, f"epilogue[{i}]", default_scope)
             if key is not None:
-                self._entry_ops[key] = op
+                _remember(_ENTRY_OPS, key, op)
         return op
 
     def _expand_recipe(self, rd: RecipeDescriptor, entry: Mapping[str, Any], op: str | None,
@@ -491,9 +490,10 @@ def _math_head(math_op, a, b, c, out, value, factor) -> OpSpec:
 
 
 # --- caches that outlive a run ------------------------------------------------------------------
-#: Lowered MATH heads and recipe expansions by value (handles compare by name, space, address,
+#: Lowered MATH heads, epilogue entries and recipe expansions by value (handles compare by name, space, address,
 #: shape, dtype): a kernel run again emits equal ops on equal handles. Bounded: cleared when full.
 _MATH_HEADS: dict[tuple, tuple[OpSpec, ...]] = {}
+_ENTRY_OPS: dict[tuple, OpSpec] = {}
 _EXPANSIONS: dict[tuple, tuple] = {}
 _MAX_ENTRIES = 4096
 
