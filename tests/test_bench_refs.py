@@ -65,3 +65,27 @@ def test_numpy_attention_matches_decode_reference():
     import numpy as np
 
     np.testing.assert_allclose(numpy_attention(r.q, r.k, r.v), r.reference, rtol=1e-4, atol=1e-5)
+
+
+def test_bench_entry_point_writes_its_table(tmp_path, monkeypatch, capsys):
+    # the benchmark itself, on one tiny case with short time budgets; speed is not asserted
+    import json
+
+    from kbwork import bench
+
+    monkeypatch.setattr(bench, "MIN_SECONDS", 0.01)
+    monkeypatch.setattr(bench, "compare_case", lambda kv, budget: {"kv_len": kv, "compare_ms": 1.0,
+                                                                 "budget_ms": budget, "within_budget": True})
+    monkeypatch.setattr(bench, "gantt_case", lambda: None)
+    assert bench.main(["--kv-lens", "256", "--modes", "timing,data", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "decode.json").read_text())["rows"]
+    assert {(r["variant"], r["mode"]) for r in rows} == {(v, m) for v in ("opt2", "opt3") for m in ("timing", "data")}
+    for r in rows:
+        assert r["stages"] > 0 and r["wall_s"] > 0 and r["op_log_bytes_per_stage"] < 300
+        if r["mode"] == "timing":
+            assert r["simpy_match"] is True
+            assert len(r["passes"]["wall_s"]) == bench.PASSES and r["wall_s"] == min(r["passes"]["wall_s"])
+            assert r["speed_vs_simpy"] == pytest.approx(r["simpy_s"] / r["wall_s"])
+    assert (tmp_path / "decode.csv").read_text().startswith("variant,kv_len,tile,mode")
+    out = capsys.readouterr().out
+    assert "time per tile" in out and "op_log: at most" in out

@@ -120,3 +120,22 @@ def test_a_repeated_gemm_call_with_a_differently_shaped_b_is_validated_again():
     assert ops[2][0].operands["b"].name == "V[128:256]" and ops[2][0].read_spans[1] == V[128:256].span
     with pytest.raises(kbwork.ValidationError, match="shape mismatch"):
         tl.composite(op="gemm", a=Q, b=V[0:64], trans_b=True, out=S, epilogue=[{"op": "scale", "factor": 0.5}])
+
+
+def test_a_second_recipe_call_sharing_scratch_is_replayed_too():
+    # decode alternates S0/S1 as the merge's s: the second expansion reuses the first's scratch
+    def kernel(tl):
+        V = tl.mem.hbm.alloc("V", (256, 128), "bf16")
+        S = [tl.alloc((8, 128), "fp32", name=f"S{i}") for i in range(2)]
+        m = tl.full((8, 1), -math.inf, "fp32", name="m")
+        l = tl.full((8, 1), 0.0, "fp32", name="l")
+        O = tl.full((8, 128), 0.0, "fp32", name="O")
+        for j in range(2):
+            tl.composite(prologue=[{"op": "softmax_merge", "s": S[j], "m": m, "l": l, "O": O}],
+                         op="gemm", b=V[j * 128:(j + 1) * 128], out=O, epilogue=[{"op": "add", "other": O}])
+        return tl
+    a, b = kernel(_tl()), kernel(_tl())
+    ca, cb = a.commands[-2:], b.commands[-2:]
+    assert ca[0].scratch == ca[1].scratch == cb[0].scratch == cb[1].scratch
+    assert all(x.ops[i] is y.ops[i] for x, y in zip(ca, cb) for i in range(8))  # shared, not re-expanded
+    assert b.mem.tcm.top == a.mem.tcm.top and len(b._recipe_scratch) == 1

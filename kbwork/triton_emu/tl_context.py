@@ -58,6 +58,7 @@ class TLContext:
         self._math_ops: dict[tuple, tuple] = {}
         self._gemm_calls: dict[tuple, tuple] = {}
         self._last_scratch_key: tuple = ()
+        self._last_expansion_key: tuple | None = None
 
     def __repr__(self) -> str:
         return f"TLContext({len(self.commands)} commands, iter={self._iter}, {len(self._scopes)} open scratch scopes)"
@@ -192,6 +193,8 @@ class TLContext:
                 gemm_key = (id(a), id(out), bool(trans_b), tuple([tuple(e.items()) for e in prologue]),
                             tuple([tuple(e.items()) for e in epilogue]), tuple(rw_handles))
                 hit = self._gemm_calls.get(gemm_key)
+                if hit is None:
+                    hit = self._gemm_from_earlier_run(gemm_key, a, out)
             except (TypeError, AttributeError):  # unhashable or malformed entries: the full path says why
                 gemm_key = hit = None
             if hit is not None and hit[0] is a and hit[1] is out:
@@ -220,13 +223,18 @@ class TLContext:
             scratch: tuple[Handle, ...] = ()
             rw = tuple(rw_handles)
         else:
+            self._last_expansion_key = None
             flat, rw, scratch = self._lower_legacy(op, a, b, c, out, trans_b, math_op, value, factor,
                                                    prologue, epilogue, tuple(rw_handles))
         validate_ops(flat, where=len(self.commands))
         if gemm_key is not None:
             g = [o.kind for o in flat].index("gemm")
             # holding a and out keeps their ids unique while the entry lives
-            self._gemm_calls[gemm_key] = (a, out, flat[:g], flat[g + 1:], rw, scratch, flat[g])
+            entry = (a, out, flat[:g], flat[g + 1:], rw, scratch, flat[g])
+            self._gemm_calls[gemm_key] = entry
+            exp_key = self._last_expansion_key
+            if not scratch or exp_key is not None:  # recipe scratch only if its allocation can be replayed
+                _remember(_GEMM_LOWERINGS, (a, out) + gemm_key[2:], entry[2:] + (exp_key,))
         done = Completion(len(self.commands))
         self.commands.append(CompositeCmd(done, flat, rw, True, scratch,
                                           label if label is not None else "+".join(o.kind for o in flat),
@@ -234,6 +242,22 @@ class TLContext:
         return done
 
     # --- internals ----------------------------------------------------------------------
+    def _gemm_from_earlier_run(self, gemm_key: tuple, a: Handle | None, out: Handle | None) -> tuple | None:
+        """A GEMM composite lowered by an earlier run on equal handles, made this run's (or None).
+
+        Its recipe scratch, if any, is allocated again at the same addresses
+        (``_replay_expansion``); when the TCM differs the call takes the full path.
+        """
+        cached = _GEMM_LOWERINGS.get((a, out) + gemm_key[2:])
+        if cached is None:
+            return None
+        pre, post, rw, scratch, head, exp_key = cached
+        if exp_key is not None and self._replay_expansion(exp_key) is None:
+            return None
+        entry = (a, out, pre, post, rw, scratch, head)
+        self._gemm_calls[gemm_key] = entry
+        return entry
+
     def _next(self) -> Completion:
         return Completion(len(self.commands))
 
@@ -301,6 +325,7 @@ class TLContext:
         if not self._scopes:
             try:
                 key = (rd.name, op, tuple(given.items()), tuple(k for k, v in head_kwargs.items() if v is not None))
+                self._last_expansion_key = key
                 hit = self._recipe_expansions.get(key)
             except TypeError:  # something unhashable: the checks below will name it
                 key = hit = None
@@ -380,11 +405,16 @@ class TLContext:
         if cached is None:
             return None
         result, scratch_key, scratch = cached
-        if scratch_key in self._recipe_scratch or not self.mem.tcm.adopt(list(scratch.values())):
-            return None
-        for h in scratch.values():
-            self.names[h.name] = h
-        self._recipe_scratch[scratch_key] = scratch
+        existing = self._recipe_scratch.get(scratch_key)
+        if existing is not None:  # the expansion reused scratch this run already holds
+            if existing != scratch:
+                return None
+        else:
+            if not self.mem.tcm.adopt(list(scratch.values())):
+                return None
+            for h in scratch.values():
+                self.names[h.name] = h
+            self._recipe_scratch[scratch_key] = scratch
         self._recipe_expansions[key] = result
         return result
 
@@ -490,10 +520,11 @@ def _math_head(math_op, a, b, c, out, value, factor) -> OpSpec:
 
 
 # --- caches that outlive a run ------------------------------------------------------------------
-#: Lowered MATH heads, epilogue entries and recipe expansions by value (handles compare by name, space, address,
+#: Lowered MATH heads, epilogue entries, GEMM composites and recipe expansions by value (handles compare by name, space, address,
 #: shape, dtype): a kernel run again emits equal ops on equal handles. Bounded: cleared when full.
 _MATH_HEADS: dict[tuple, tuple[OpSpec, ...]] = {}
 _ENTRY_OPS: dict[tuple, OpSpec] = {}
+_GEMM_LOWERINGS: dict[tuple, tuple] = {}
 _EXPANSIONS: dict[tuple, tuple] = {}
 _MAX_ENTRIES = 4096
 
