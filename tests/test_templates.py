@@ -134,3 +134,16 @@ def test_a_template_has_a_readable_repr():
     pv = next(c for c in r.run.commands if c.label == "pv")
     tpl = templates.templates_for(r.topology)[templates.signature_key(pv)]
     assert repr(tpl) == "PlanTemplate(4 stages, staging buffers taken {'b': 1})"
+
+
+def test_a_sealed_stage_table_reads_the_same_and_can_grow_again():
+    run = decode.run("opt3", kv_len=256, mode="timing").run
+    table = run.program.table
+    assert table.rows is None and len(table) == run.n_stages  # sealed by schedule
+    cols = {f: table.column(f) for f in ("kind", "cmd", "tensor", "dur", "preds")}
+    text = table.describe(5)
+    seq = table.add(*(table.column(f)[5] for f in ("kind", "phase", "cmd", "op_kind", "tile", "k_tile", "tensor",
+                                                    "nbytes", "dur", "preds", "effects")))
+    assert seq == run.n_stages and len(table) == run.n_stages + 1 and table.rows is not None
+    assert all(table.column(f)[:seq] == c for f, c in cols.items())
+    assert table.describe(seq).split(":", 1)[1] == text.split(":", 1)[1] and "StageTable(" in repr(table)

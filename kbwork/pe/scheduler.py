@@ -212,4 +212,5 @@ def schedule(commands: Sequence[Command], topo: Topology, *, waits: Sequence[tup
     prog.waits = [tuple(sorted(wait_map[i])) if i in wait_map else () for i in range(len(commands))]
     prog.labels = [c.label for c in commands]
     prog.iters = [c.iter for c in commands]
+    table.seal()  # the program is complete: columns from here on, and the row tuples go
     return prog

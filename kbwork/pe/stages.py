@@ -71,25 +71,33 @@ class StageTable:
     tensor, nbytes, dur, preds, effects`` — built once after the last append.
     ``preds`` are the seqs a stage depends on; ``effects[seq]`` is its
     data-mode effect or ``None`` (only filled when ``with_effects`` is true).
+
+    :meth:`seal` builds the columns and lets the row tuples go (a long run
+    holds hundreds of thousands; freed at once, the garbage collector never
+    has to walk them). Appending to a sealed table unseals it first.
     """
 
-    __slots__ = ("rows", "with_effects", "_cols")
+    __slots__ = ("rows", "with_effects", "_cols", "_n")
 
     def __init__(self, with_effects: bool = False):
-        self.rows: list[tuple] = []
+        self.rows: list[tuple] | None = []
         self.with_effects = with_effects
         self._cols: dict[str, Sequence] | None = None
+        self._n = 0
 
     def __len__(self) -> int:
-        return len(self.rows)
+        rows = self.rows
+        return self._n if rows is None else len(rows)
 
     def __repr__(self) -> str:
-        return f"StageTable({len(self)} stages)"
+        return f"StageTable({len(self)} stages{', sealed' if self.rows is None else ''})"
 
     def add(self, kind: int, phase: int, cmd: int, op_kind: str, tile: int, k_tile: int, tensor: str,
             nbytes: int, dur: int, preds: tuple[int, ...], effect: object = None) -> int:
         """Append one stage and return its seq."""
         rows = self.rows
+        if rows is None:
+            rows = self._unseal()
         rows.append((kind, phase, cmd, op_kind, tile, k_tile, tensor, nbytes, dur, preds, effect))
         self._cols = None
         return len(rows) - 1
@@ -98,15 +106,28 @@ class StageTable:
         """Say that ``rows`` was appended to directly (drops the cached columns)."""
         self._cols = None
 
+    def seal(self) -> None:
+        """Build the columns now and drop the row tuples (see the class docstring)."""
+        self.column("kind")
+        self._n = len(self.rows) if self.rows is not None else self._n
+        self.rows = None
+
+    def _unseal(self) -> list[tuple]:
+        cols = self._cols
+        self.rows = list(zip(*(cols[f] for f in _FIELDS))) if cols and self._n else []
+        return self.rows
+
     def set_effect(self, seq: int, effect: object) -> None:
         """Replace a stage's data-mode effect."""
-        self.rows[seq] = self.rows[seq][:-1] + (effect,)
+        rows = self.rows if self.rows is not None else self._unseal()
+        rows[seq] = rows[seq][:-1] + (effect,)
         self._cols = None
 
     def column(self, name: str) -> Sequence:
         """One column (a tuple indexed by seq)."""
         if self._cols is None:
-            cols = list(zip(*self.rows)) if self.rows else [()] * len(_FIELDS)
+            rows = self.rows if self.rows is not None else self._unseal()
+            cols = list(zip(*rows)) if rows else [()] * len(_FIELDS)
             self._cols = dict(zip(_FIELDS, cols))
             self._cols["engine"] = tuple(map(_ENGINE_INT.__getitem__, self._cols["kind"]))
         return self._cols[name]
@@ -126,5 +147,6 @@ class StageTable:
 
     def describe(self, seq: int) -> str:
         """A one-line human description of a stage (for errors and debugging)."""
-        kind, _, cmd, op_kind, tile, k_tile, tensor = self.rows[seq][:7]
+        kind, cmd, op_kind, tile, k_tile, tensor = (self.column(f)[seq] for f in
+                                                    ("kind", "cmd", "op_kind", "tile", "k_tile", "tensor"))
         return f"seq {seq}: {StageKind(kind).name} cmd {cmd} {op_kind} tile {tile} k {k_tile} {tensor}"

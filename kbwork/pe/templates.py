@@ -69,7 +69,8 @@ class _RecordingRing(StagingRing):
     The k-th buffer a plan takes from a slot is relative buffer
     ``k % tile_buffers``; its previous consumer is a stage of the plan if the
     plan already bound that relative buffer, else whatever the real ring
-    holds there (an external marker, resolved when stamping).
+    holds there (an external marker, resolved when stamping). ``acquire`` is
+    the real ring's: counting from 0, the buffer it returns is the relative one.
     """
 
     def __init__(self, topo: Topology):
@@ -79,14 +80,8 @@ class _RecordingRing(StagingRing):
         self._consumer = {slot: [-2 - (self.ext_base[slot] + r) for r in range(n)] for slot in self.SLOTS}
         self.local_binds = {slot: [-1] * n for slot in self.SLOTS}
 
-    def acquire(self, slot: str) -> tuple[int, int | None]:
-        n = self._count[slot]
-        self._count[slot] = n + 1
-        buf = n % self.n_buffers
-        return buf, self._consumer[slot][buf]
-
     def bind(self, slot: str, buf: int, consumer_seq: int) -> None:
-        self._consumer[slot][buf] = consumer_seq
+        super().bind(slot, buf, consumer_seq)
         self.local_binds[slot][buf] = consumer_seq
 
 
