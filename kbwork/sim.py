@@ -149,11 +149,14 @@ class Run:
         self.topology = sim.topo
         self.mode = sim.mode
         self.program = prog
-        self._start, self._end = start, end
+        # as arrays: the op_log wants them so, and a million-entry list would be walked by the
+        # garbage collector once the run re-enables it
+        self._start = np.array(start, dtype=np.int64)
+        self._end = np.array(end, dtype=np.int64)
         self._names = names
         self._tcm = tcm
         self._op_log: pd.DataFrame | None = None
-        self.cycles = max(end) if end else 0
+        self.cycles = int(self._end.max()) if len(end) else 0
         #: wall-clock seconds of each phase (emit, schedule, simulate, op_log), for benchmarks
         self.timings: dict[str, float] = {}
 
@@ -185,7 +188,7 @@ class Run:
         without building the op_log.
         """
         d = np.asarray(self.program.dispatch_seq, dtype=np.int64)
-        return np.asarray(self._end, dtype=np.int64)[d] - np.asarray(self._start, dtype=np.int64)[d]
+        return self._end[d] - self._start[d]
 
     def read(self, handle_or_name: Handle | str) -> np.ndarray:
         """A copy of a tensor's final contents, in its own dtype (bf16 via ml_dtypes).
