@@ -87,7 +87,8 @@ class OpSpec:
         kind, operands, extra, out = self.kind, _freeze(self.operands), _freeze(self.extra), self.out
         set_(self, "operands", operands)
         set_(self, "extra", extra)
-        set_(self, "logical_bytes", LOGICAL_BYTES_PER_OP + LOGICAL_BYTES_PER_HANDLE * (len(operands) + (out is not None))
+        set_(self, "logical_bytes", LOGICAL_BYTES_PER_OP
+             + LOGICAL_BYTES_PER_HANDLE * (len(operands) + (out is not None))
              + LOGICAL_BYTES_PER_SCALAR * len(extra))
         try:
             # plain strings, ints and tuples only: the key is hashed on every lookup, and an enum's

@@ -57,6 +57,7 @@ class TLContext:
         self._recipe_expansions: dict[tuple, tuple] = {}
         self._math_ops: dict[tuple, tuple] = {}
         self._gemm_calls: dict[tuple, tuple] = {}
+        # what the last recipe expansion was keyed by, for the caches that outlive a run
         self._last_scratch_key: tuple = ()
         self._last_expansion_key: tuple | None = None
 
@@ -399,7 +400,8 @@ class TLContext:
         tcm = self.mem.tcm
         return None if self._scopes else (len(self._recipe_scratch), tcm.top, tcm.capacity)
 
-    def _replay_expansion(self, key: tuple):
+    def _replay_expansion(self, key: tuple) -> tuple | None:
+        """The expansion an earlier run recorded for ``key`` in this TCM state, made this run's, or None."""
         state = self._tcm_state()
         cached = _EXPANSIONS.get(key + state) if state is not None else None
         if cached is None:
@@ -520,8 +522,9 @@ def _math_head(math_op, a, b, c, out, value, factor) -> OpSpec:
 
 
 # --- caches that outlive a run ------------------------------------------------------------------
-#: Lowered MATH heads, epilogue entries, GEMM composites and recipe expansions by value (handles compare by name, space, address,
-#: shape, dtype): a kernel run again emits equal ops on equal handles. Bounded: cleared when full.
+#: Lowered MATH heads, epilogue entries, GEMM composites and recipe expansions by value (handles
+#: compare by name, space, address, shape, dtype): a kernel run again emits equal ops on equal
+#: handles. Bounded: cleared when full.
 _MATH_HEADS: dict[tuple, tuple[OpSpec, ...]] = {}
 _ENTRY_OPS: dict[tuple, OpSpec] = {}
 _GEMM_LOWERINGS: dict[tuple, tuple] = {}
