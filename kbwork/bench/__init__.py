@@ -8,6 +8,11 @@ each timing-mode stage graph in SimPy (checking every start and end against
 kbwork's), runs the bare heap floor on it, and times one vectorised numpy
 attention for data mode. ``--suite gemm`` times the GEMM benches instead.
 
+Method (see ``benchmarks/README.md``): a case's cold first run is reported,
+then it is warmed up; each figure is a median over at least ``MIN_SECONDS``
+of runs; timing mode is measured in ``PASSES`` passes over the suite and each
+figure, kbwork's and the references', is its lowest pass median.
+
 This is a benchmark, not a test: it prints figures and asserts nothing about
 speed. The only thing it checks is that SimPy and kbwork agree.
 """
