@@ -398,12 +398,10 @@ def sweep(*, variants: tuple[str, ...] = VARIANTS, progress: bool = True, mode: 
         kw = dict(zip(names, point))
         for variant in variants:
             r = run(variant, mode=mode, topology=topology, **kw)
-            log = r.op_log
-            disp = log[log["stage"] == "DISPATCH"]
             per_tile = r.dispatch_per_tile
             rows.append({**{n: (v.item() if isinstance(v, np.generic) else v) for n, v in kw.items()},
                          "variant": variant, "cycles": r.cycles, "us": r.topology.cycles_to_us(r.cycles),
                          "dispatch_per_tile": int(per_tile.iloc[0]),
-                         "dispatch_total": int((disp["end"] - disp["start"]).sum()),
+                         "dispatch_total": int(r.run.dispatch_cycles().sum()),
                          "commands": len(r.run.commands), "stages": r.run.n_stages, "n_tiles": r.n_tiles})
     return pd.DataFrame(rows)

@@ -144,11 +144,12 @@ def dispatch_per_tile(op_log_opt2: pd.DataFrame, op_log_opt3: pd.DataFrame, tile
         _, ax = plt.subplots(figsize=(9, 2.8))
     cmap = plt.get_cmap("tab20")
     labels_seen: dict[str, tuple] = {}
-    totals = []
+    totals, names = [], []
     for row, (name, df) in enumerate((("opt2", op_log_opt2), ("opt3", op_log_opt3))):
         d = df[(df["stage"] == "DISPATCH") & (df["iter"] == tile)].sort_values("cmd")
         if d.empty:
             raise ValueError(f"{name}: no DISPATCH stages with iter {tile}")
+        names.append(f"{name} ({len(d)} cmds)")
         left = 0
         for lab, cyc in zip(d["label"], d["end"] - d["start"]):
             color = labels_seen.setdefault(lab, cmap(len(labels_seen) % 20))
@@ -159,8 +160,7 @@ def dispatch_per_tile(op_log_opt2: pd.DataFrame, op_log_opt3: pd.DataFrame, tile
         totals.append(left)
         ax.text(left + 4, row, f"{left} cycles", va="center", fontsize=9)
     ax.set_yticks([0, 1])
-    ax.set_yticklabels([f"opt2 ({len(op_log_opt2[(op_log_opt2.stage == 'DISPATCH') & (op_log_opt2.iter == tile)])} cmds)",
-                        f"opt3 ({len(op_log_opt3[(op_log_opt3.stage == 'DISPATCH') & (op_log_opt3.iter == tile)])} cmds)"])
+    ax.set_yticklabels(names)
     ax.set_ylim(1.6, -0.6)
     ax.set_xlim(0, max(totals) * 1.15)
     ax.set_xlabel(f"PE_CPU dispatch cycles for tile {tile}")

@@ -1,8 +1,8 @@
 """The GEMM suite: stages simulated per second on the GEMM benches, in timing and data mode.
 
-Run ``kbwork bench --suite gemm``. Each case is timed from
-``Simulator.run`` to a built op_log (inputs and numpy references excluded),
-repeated, and the median reported. This is a benchmark, not a test: it
+Run ``kbwork bench --suite gemm``. Each case is timed by its run's phases
+(``Run.timings``: emit, schedule, simulate, op_log; inputs and numpy
+references excluded), repeated, and the median reported. This is a benchmark, not a test: it
 asserts nothing about speed.
 """
 
@@ -12,34 +12,20 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable
 
 from ..sim import Simulator
 
 
-class _TimedSimulator(Simulator):
-    """A Simulator that records how long its last ``run`` (plus op_log build) took."""
-
-    elapsed = 0.0
-
-    def run(self, kernel, *args, **kwargs):  # type: ignore[override]
-        t0 = time.perf_counter()
-        r = super().run(kernel, *args, **kwargs)
-        _ = r.op_log
-        self.elapsed = time.perf_counter() - t0
-        return r
-
-
 def _measure(make: Callable[[Simulator], Any], mode: str, repeats: int) -> tuple[int, float]:
     times, stages = [], 0
     for _ in range(repeats):
-        sim = _TimedSimulator(mode=mode)
-        res = make(sim)
+        res = make(Simulator(mode=mode))
         run = getattr(res, "run", res)
+        _ = run.op_log
         stages = run.n_stages
-        times.append(sim.elapsed)
+        times.append(sum(run.timings.values()))  # emit, schedule, simulate, op_log
     return stages, statistics.median(times)
 
 

@@ -56,8 +56,7 @@ class StagingRing:
 
     def __init__(self, topo: Topology, base_addr: int = 0):
         self.n_buffers = topo.tile_buffers
-        self.buf_bytes = {"a": topo.tile_m * topo.tile_k * _MAX_ITEMSIZE,
-                          "b": topo.tile_k * topo.tile_n * _MAX_ITEMSIZE}
+        self.buf_bytes = self._buffer_bytes(topo)
         self.base_addr = base_addr
         self.addrs: dict[str, list[int]] = {}
         addr = base_addr
@@ -72,9 +71,13 @@ class StagingRing:
         return f"StagingRing({self.n_buffers} x {self.buf_bytes}, {self.total_bytes} B at {self.base_addr:#x})"
 
     @staticmethod
-    def bytes_for(topo: Topology) -> int:
+    def _buffer_bytes(topo: Topology) -> dict[str, int]:
+        return {"a": topo.tile_m * topo.tile_k * _MAX_ITEMSIZE, "b": topo.tile_k * topo.tile_n * _MAX_ITEMSIZE}
+
+    @classmethod
+    def bytes_for(cls, topo: Topology) -> int:
         """The TCM bytes the ring of ``topo`` occupies (``total_bytes``, without building one)."""
-        return topo.tile_buffers * (topo.tile_m * topo.tile_k + topo.tile_k * topo.tile_n) * _MAX_ITEMSIZE
+        return topo.tile_buffers * sum(cls._buffer_bytes(topo).values())
 
     def acquire(self, slot: str) -> tuple[int, int | None]:
         """Take the next buffer of ``slot``; return ``(buffer index, seq to wait for or None)``."""

@@ -180,10 +180,7 @@ class TLContext:
             else:
                 flat = _math_head_across_runs(math_op, a, b, c, out, value, factor, len(self.commands))
                 self._math_ops[key] = (flat, a, b, c, out)  # holding the handles keeps their ids unique
-            done = Completion(len(self.commands))
-            self.commands.append(CompositeCmd(done, flat, (), True, (),
-                                              label if label is not None else flat[0].kind, self._iter))
-            return done
+            return self._emit_composite(flat, (), (), label)
         gemm_key = None
         if op == "gemm" and ops is None and not self._scopes and c is None and math_op is None \
                 and value is None and factor is None:
@@ -206,11 +203,7 @@ class TLContext:
                 else:
                     flat = pre + (_gemm_spec(prev.operands["a"], b, out, trans_b, None),) + post
                     validate_ops(flat, where=len(self.commands))
-                done = Completion(len(self.commands))
-                self.commands.append(CompositeCmd(done, flat, rw, True, scratch,
-                                                  label if label is not None else "+".join(o.kind for o in flat),
-                                                  self._iter))
-                return done
+                return self._emit_composite(flat, rw, scratch, label)
         if ops is not None:
             given = [k for k, v in dict(op=op, a=a, b=b, c=c, out=out, math_op=math_op, value=value,
                                          factor=factor).items() if v is not None]
@@ -236,11 +229,7 @@ class TLContext:
             exp_key = self._last_expansion_key
             if not scratch or exp_key is not None:  # recipe scratch only if its allocation can be replayed
                 _remember(_GEMM_LOWERINGS, (a, out) + gemm_key[2:], entry[2:] + (exp_key,))
-        done = Completion(len(self.commands))
-        self.commands.append(CompositeCmd(done, flat, rw, True, scratch,
-                                          label if label is not None else "+".join(o.kind for o in flat),
-                                          self._iter))
-        return done
+        return self._emit_composite(flat, rw, scratch, label)
 
     # --- internals ----------------------------------------------------------------------
     def _gemm_from_earlier_run(self, gemm_key: tuple, a: Handle | None, out: Handle | None) -> tuple | None:
@@ -261,6 +250,12 @@ class TLContext:
 
     def _next(self) -> Completion:
         return Completion(len(self.commands))
+
+    def _emit_composite(self, flat: tuple[OpSpec, ...], rw: tuple[Handle, ...], scratch: tuple[Handle, ...],
+                        label: str | None) -> Completion:
+        """Append a composite over the (validated) op tuple ``flat``; its label defaults to the op kinds."""
+        return self._emit(CompositeCmd(self._next(), flat, rw, True, scratch,
+                                       label if label is not None else "+".join(o.kind for o in flat), self._iter))
 
     def _emit(self, cmd: Command) -> Completion:
         self.commands.append(cmd)
