@@ -11,8 +11,19 @@ from .memory import Handle, Space
 from .pe.commands import Completion, CompositeCmd, DmaCmd, OpSpec, Scope
 from .sim import Run, Simulator
 
+
+def clear_caches() -> None:
+    """Empty the simulator's one cache (the scheduler's plan templates, ``kbwork.pe.templates.PLAN_CACHE``).
+
+    Results never depend on it; a run after clearing is slower, not different.
+    """
+    from .pe.templates import PLAN_CACHE
+
+    PLAN_CACHE.clear()
+
+
 __version__ = "0.1.0"
 
 __all__ = ["Topology", "load_topology", "Simulator", "Run", "Handle", "Space", "OpSpec", "Scope",
            "CompositeCmd", "DmaCmd", "Completion", "KbworkError", "ConfigError", "ValidationError",
-           "TcmOverflowError", "SimulationError"]
+           "TcmOverflowError", "SimulationError", "clear_caches"]

@@ -7,6 +7,13 @@ the scheduler inserts a DMA for every operand that is not pinned.
 HBM grows as the host allocates kernel tensors; TCM is a fixed-size bump
 allocator with nested scopes. Both can be *backed* by numpy byte buffers
 (data mode) or be address bookkeeping only (timing mode).
+
+Every handle an arena makes carries its :class:`Origin`: the arena (one HBM
+per simulator, one TCM per run) and, for an allocation inside a scratch
+scope, that scope. The kernel language refuses a handle whose origin is not
+its own memory, or whose scope has closed (DESIGN.md §2 "Handle lifetime"),
+so a handle is never read at an address that now holds something else. The
+origin takes no part in equality or hashing: handles stay values.
 """
 
 from __future__ import annotations
@@ -38,6 +45,8 @@ DTYPES: dict[str, np.dtype] = {
     "fp16": np.dtype(np.float16),
     "fp32": np.dtype(np.float32),
 }
+#: The largest finite value of each dtype (beyond it a value is stored as inf).
+DTYPE_MAX: dict[str, float] = {name: float(ml_dtypes.finfo(d).max) for name, d in DTYPES.items()}
 _ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32",
             "f32": "fp32", "f16": "fp16"}
 
@@ -78,13 +87,43 @@ def itemsize(dtype: str) -> int:
 _ITEMSIZE = {name: d.itemsize for name, d in DTYPES.items()}
 
 
+class Origin:
+    """Where a handle was made: an arena, and the scratch scope it was allocated in (if any).
+
+    An arena's own origin (``arena.origin``) is alive as long as the arena is
+    in use; a scope's origin dies when the scope exits. ``describe()`` says
+    where the handle came from, for error messages.
+    """
+
+    __slots__ = ("arena", "scope_depth", "alive", "closed_at")
+
+    def __init__(self, arena: "Arena", scope_depth: int = 0):
+        self.arena = arena
+        self.scope_depth = scope_depth
+        self.alive = True
+        self.closed_at: str = ""
+
+    def describe(self) -> str:
+        where = self.arena.label
+        if self.scope_depth:
+            where += f", inside a tl.scratch_scope() (depth {self.scope_depth})"
+            if not self.alive:
+                where += f" that closed{(' ' + self.closed_at) if self.closed_at else ''}"
+        return where
+
+    def __repr__(self) -> str:
+        return f"Origin({self.describe()})"
+
+
 @dataclass(frozen=True, slots=True)
 class Handle:
     """A frozen view of a tensor in HBM or TCM.
 
     Row slices (``h[a:b]``) of a row-major tensor are contiguous handles with
-    the name ``"h[a:b]"``. ``size``, ``nbytes`` and ``end`` are computed once
-    (the scheduler reads them for every hazard check).
+    the name ``"h[a:b]"`` and their parent's origin. ``size``, ``nbytes`` and
+    ``end`` are computed once (the scheduler reads them for every hazard
+    check). ``origin`` says which arena (and scratch scope) made the handle;
+    it is not part of equality or the hash.
     """
 
     name: str
@@ -93,6 +132,7 @@ class Handle:
     shape: tuple[int, ...]
     dtype: str
     pinned: bool
+    origin: Origin | None = field(default=None, compare=False, repr=False)
     size: int = field(init=False, repr=False, compare=False)
     nbytes: int = field(init=False, repr=False, compare=False)
     end: int = field(init=False, repr=False, compare=False)
@@ -107,8 +147,8 @@ class Handle:
         object.__setattr__(self, "nbytes", nbytes)
         object.__setattr__(self, "end", self.addr + nbytes)
         object.__setattr__(self, "span", (self.space is Space.TCM, self.addr, self.addr + nbytes))
-        # hashed once: handles key the kernel language's caches, and the generated hash would
-        # rehash every field (and the Space enum, a Python-level call) on each lookup
+        # hashed once: handles key dicts in hot loops, and the generated hash would rehash every
+        # field (and the Space enum, a Python-level call) on each lookup
         object.__setattr__(self, "_hash", hash((self.name, str.__str__(self.space), self.addr, self.shape,
                                                 self.dtype, self.pinned)))
 
@@ -131,12 +171,13 @@ class Handle:
         rows = self.shape[0]
         start = 0 if key.start is None else key.start
         stop = rows if key.stop is None else key.stop
-        if not (isinstance(start, int) and isinstance(stop, int) and 0 <= start < stop <= rows):
+        if not (_is_int(start) and _is_int(stop) and 0 <= start < stop <= rows):
             raise ValidationError(f"handle {self.name!r}: row slice [{key.start}:{key.stop}] is empty or out of "
                                   f"range for {rows} rows.")
+        start, stop = int(start), int(stop)
         row_bytes = self.nbytes // rows
         return Handle(f"{self.name}[{start}:{stop}]", self.space, self.addr + start * row_bytes,
-                      (stop - start,) + self.shape[1:], self.dtype, self.pinned)
+                      (stop - start,) + self.shape[1:], self.dtype, self.pinned, self.origin)
 
     def __repr__(self) -> str:
         shape = "x".join(map(str, self.shape))
@@ -144,43 +185,69 @@ class Handle:
         return f"Handle({self.name!r}, {self.space.value}@{self.addr:#x}, {shape} {self.dtype}{pin})"
 
 
+def _is_int(x: object) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+#: The largest tensor or memory kbwork will lay out (1 TiB): far beyond any PE, and small enough
+#: that byte offsets and cycle counts stay exact in int64.
+MAX_BYTES = 1 << 40
+
+
 class Arena:
     """One memory space: a bump allocator, optionally backed by a numpy byte buffer.
 
     HBM arenas grow on demand; TCM arenas have a fixed capacity and support
     nested scopes (``mark``/``release``) whose allocations are freed at exit.
+    ``label`` says whose memory it is (error messages name it).
     """
 
     ALIGN = 64
 
-    def __init__(self, space: Space, capacity: int | None, backed: bool):
+    def __init__(self, space: Space, capacity: int | None, backed: bool, label: str = ""):
         self.space = space
         self.capacity = capacity
         self.backed = backed
+        self.label = label or f"a {space.value.upper()} arena"
         self.top = 0
         self.live: list[Handle] = []
-        self.buf = np.zeros(capacity if (backed and capacity is not None) else 0, dtype=np.uint8)
+        #: the origin of allocations made outside any scratch scope
+        self.origin = Origin(self)
+        self._scopes: list[Origin] = []
+        if backed and capacity is not None:
+            try:
+                self.buf = np.zeros(capacity, dtype=np.uint8)
+            except (MemoryError, ValueError):
+                raise TcmOverflowError(f"cannot back {self.label} ({capacity} B) with host memory in data mode; "
+                                       f"use a smaller tcm_bytes or mode='timing'.") from None
+        else:
+            self.buf = np.zeros(0, dtype=np.uint8)
         self._views: dict[tuple, np.ndarray] = {}  # (addr, shape, dtype) -> view of buf
 
     def __repr__(self) -> str:
         cap = "unbounded" if self.capacity is None else f"{self.capacity} B"
-        return f"Arena({self.space.value}, used={self.top} B, capacity={cap}, {len(self.live)} live)"
+        return f"Arena({self.label}, used={self.top} B, capacity={cap}, {len(self.live)} live)"
 
     @property
     def free(self) -> int | None:
         return None if self.capacity is None else self.capacity - self.top
 
-    def alloc(self, name: str, shape: tuple[int, ...], dtype: str) -> Handle:
-        """Allocate a tensor and return its handle.
+    def alloc(self, name: str, shape: object, dtype: object) -> Handle:
+        """Allocate a tensor and return its handle (origin: this arena, in the innermost open scope).
 
         Raises:
-            ValidationError: a bad shape.
+            ValidationError: a bad name, shape or dtype, or a tensor too large to lay out.
             TcmOverflowError: the TCM cannot hold it; the message lists what holds the space.
         """
-        shape = _check_shape(name, shape)
+        if not isinstance(name, str) or not name:
+            raise ValidationError(f"tensor names must be non-empty strings, got {name!r}.")
+        shape = check_shape(name, shape)
         dtype = canonical_dtype(dtype)
         nbytes = math.prod(shape) * _ITEMSIZE[dtype]
         addr = -(-self.top // self.ALIGN) * self.ALIGN
+        if nbytes > MAX_BYTES or (self.capacity is None and addr + nbytes > MAX_BYTES):
+            raise ValidationError(f"tensor {name!r} of shape {shape} {dtype} needs {nbytes} B; kbwork lays out at most "
+                                  f"{MAX_BYTES} B (1 TiB) per memory. Use a smaller shape.")
         if self.capacity is not None and addr + nbytes > self.capacity:
             holders = sorted(self.live, key=lambda h: (-h.nbytes, h.addr))[:8]
             held = "; ".join(f"{h.name} {h.nbytes} B" for h in holders) or "nothing"
@@ -188,40 +255,51 @@ class Arena:
                 f"TCM overflow allocating {name!r} ({nbytes} B, shape {shape} {dtype}): only "
                 f"{max(0, self.capacity - addr)} B of {self.capacity} B are free. Largest holders: {held}. "
                 f"Free space with tl.scratch_scope(), use smaller tiles, or raise tcm_bytes.")
-        self.top = addr + nbytes
-        h = Handle(name, self.space, addr, shape, dtype, self.space == Space.TCM)
-        self.live.append(h)
-        if self.backed and self.capacity is None and self.top > self.buf.size:
-            grown = np.zeros(max(self.top, 2 * self.buf.size), dtype=np.uint8)
+        if self.backed and self.capacity is None and addr + nbytes > self.buf.size:
+            try:
+                grown = np.zeros(max(addr + nbytes, 2 * self.buf.size), dtype=np.uint8)
+            except (MemoryError, ValueError):
+                raise ValidationError(f"HBM tensor {name!r} of shape {shape} {dtype} needs {nbytes} B, which the "
+                                      f"host cannot back in data mode ({addr + nbytes} B of HBM in all); use a "
+                                      f"smaller shape or mode='timing'.") from None
             grown[: self.buf.size] = self.buf
             self.buf = grown
             self._views.clear()  # the old views point into the old buffer
+        self.top = addr + nbytes
+        h = Handle(name, self.space, addr, shape, dtype, self.space == Space.TCM,
+                   self._scopes[-1] if self._scopes else self.origin)
+        self.live.append(h)
         return h
 
-    def adopt(self, handles: list[Handle]) -> bool:
-        """Allocate ``handles`` again, exactly where they were (a replayed allocation).
-
-        Returns False and changes nothing unless each one is what :meth:`alloc`
-        would return next (same space, at the aligned top, fitting the capacity).
-        """
-        top = self.top
-        for h in handles:
-            addr = -(-top // self.ALIGN) * self.ALIGN
-            if h.space != self.space or h.addr != addr or (self.capacity is not None and h.end > self.capacity):
-                return False
-            top = h.end
-        if self.backed and self.capacity is None and top > self.buf.size:
-            return False  # growing a backed HBM stays alloc's job
-        self.top = top
-        self.live.extend(handles)
-        return True
-
     def mark(self) -> tuple[int, int]:
+        """Open a scratch scope: allocations until the matching :meth:`release` belong to it."""
+        self._scopes.append(Origin(self, len(self._scopes) + 1))
         return self.top, len(self.live)
 
-    def release(self, mark: tuple[int, int]) -> None:
+    def release(self, mark: tuple[int, int], closed_at: str = "") -> None:
+        """Close the innermost scratch scope: free its bytes, and its handles die."""
         self.top, n = mark
         del self.live[n:]
+        if self._scopes:
+            scope = self._scopes.pop()
+            scope.alive = False
+            scope.closed_at = closed_at
+
+    def check(self, h: Handle) -> str | None:
+        """Why ``h`` may not be used with this arena (a message), or ``None`` when it may."""
+        o = h.origin
+        if o is None:
+            return (f"handle {h.name!r} was not made by this simulator (a hand-built Handle?); make tensors with "
+                    f"sim.hbm(...), tl.alloc/tl.full/tl.load, or slices of those.")
+        if o.arena is not self:
+            return (f"handle {h.name!r} comes from {o.arena.label}, not {self.label}; "
+                    + ("place the data on this simulator with sim.hbm(...)." if self.space == Space.HBM else
+                       "TCM is fresh for every run: allocate it again in this kernel (tl.alloc/tl.full/tl.load)."))
+        if not o.alive:
+            return (f"handle {h.name!r} was allocated inside a tl.scratch_scope() that has closed"
+                    f"{(' ' + o.closed_at) if o.closed_at else ''}; its bytes may hold other data now. Use it inside "
+                    f"the scope, or allocate it outside.")
+        return None
 
     # --- data access (backed arenas only) -------------------------------------------
     def view(self, h: Handle) -> np.ndarray:
@@ -247,32 +325,45 @@ class Arena:
         v[...] = values if values.dtype == v.dtype else values.astype(v.dtype)
 
 
-def _check_shape(name: str, shape: object) -> tuple[int, ...]:
+def check_shape(name: str, shape: object) -> tuple[int, ...]:
+    """``shape`` as a tuple of positive ints (1-D or 2-D); an int is a 1-D shape.
+
+    Raises:
+        ValidationError: floats, bools, other types, zero or negative extents, or more than 2 dims.
+    """
     if shape.__class__ is tuple and 1 <= len(shape) <= 2 and all(s.__class__ is int and s > 0 for s in shape):
         return shape  # the common case, already right
-    if isinstance(shape, (int, np.integer)):
-        shape = (int(shape),)
-    try:
-        shape = tuple(int(s) for s in shape)  # type: ignore[union-attr]
-    except TypeError:
-        raise ValidationError(f"tensor {name!r}: shape {shape!r} is not a tuple of ints.") from None
-    if not 1 <= len(shape) <= 2 or any(s <= 0 for s in shape):
-        raise ValidationError(f"tensor {name!r}: shape {shape} must be 1-D or 2-D with positive extents.")
-    return shape
+    if _is_int(shape):
+        shape = (shape,)
+    if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
+        raise ValidationError(f"tensor {name!r}: shape {shape!r} is not a tuple of ints.")
+    dims = tuple(shape)  # type: ignore[arg-type]
+    if not all(_is_int(s) for s in dims):
+        raise ValidationError(f"tensor {name!r}: shape {dims!r} must hold ints only (no floats, bools or strings).")
+    dims = tuple(int(s) for s in dims)
+    if not 1 <= len(dims) <= 2 or any(s <= 0 for s in dims):
+        raise ValidationError(f"tensor {name!r}: shape {dims} must be 1-D or 2-D with positive extents.")
+    return dims
 
 
 class Memory:
     """The PE's two memories for one simulator: HBM (shared across runs) and a TCM per run."""
 
-    def __init__(self, tcm_bytes: int, backed: bool):
+    def __init__(self, tcm_bytes: int, backed: bool, label: str = "this simulator"):
         self.backed = backed
-        self.hbm = Arena(Space.HBM, None, backed)
+        self.label = label
+        self.hbm = Arena(Space.HBM, None, backed, f"the HBM of {label}")
         self.tcm_bytes = tcm_bytes
-        self.tcm = Arena(Space.TCM, tcm_bytes, backed)
+        self.runs = 0
+        self.tcm = Arena(Space.TCM, tcm_bytes, backed, f"the TCM of {label} (before any run)")
+
+    def __repr__(self) -> str:
+        return f"Memory({self.label}: {self.hbm!r}, {self.tcm!r})"
 
     def new_tcm(self) -> Arena:
-        """Start a fresh TCM for a new kernel launch."""
-        self.tcm = Arena(Space.TCM, self.tcm_bytes, self.backed)
+        """Start a fresh TCM for a new kernel launch (handles of the previous one are refused from now on)."""
+        self.runs += 1
+        self.tcm = Arena(Space.TCM, self.tcm_bytes, self.backed, f"the TCM of run {self.runs} of {self.label}")
         return self.tcm
 
     def arena(self, h: Handle) -> Arena:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
+import threading
 from pathlib import Path
 from time import perf_counter
 from typing import Any, Callable, Iterator
@@ -13,7 +15,7 @@ import pandas as pd
 
 from .config import Topology, load_topology
 from .errors import SimulationError, ValidationError
-from .memory import DTYPES, Handle, Memory, canonical_dtype
+from .memory import DTYPE_MAX, DTYPES, Handle, Memory, Space, canonical_dtype, check_shape
 from .oplog import build_op_log, to_csv, to_perfetto
 from .pe.engines import DataExecutor
 from .pe.scheduler import Program, schedule
@@ -24,21 +26,38 @@ from .triton_emu.tl_context import TLContext
 MODES = ("data", "timing")
 
 
+_gc_lock = threading.Lock()
+_gc_pausers = 0
+_gc_was_enabled = False
+
+
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector.
+    """Pause the cyclic garbage collector for the span of the block; safe to nest and to use from many threads.
 
     A run allocates hundreds of thousands of small acyclic objects (stages,
     tuples, events); reference counting frees them, and the collector's
-    repeated scans would otherwise cost a third of a timing-mode run.
+    repeated scans would otherwise cost a third of a timing-mode run. The
+    collector is process-wide, so the pauses of all threads are counted: the
+    first one in records whether it was enabled, the last one out restores
+    exactly that.
     """
-    was_enabled = gc.isenabled()
-    gc.disable()
+    global _gc_pausers, _gc_was_enabled
+    with _gc_lock:
+        if _gc_pausers == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_pausers += 1
     try:
         yield
     finally:
-        if was_enabled:
-            gc.enable()
+        with _gc_lock:
+            _gc_pausers -= 1
+            if _gc_pausers == 0 and _gc_was_enabled:
+                gc.enable()
+
+
+_serial = itertools.count(1)  # names simulators in error messages
 
 
 class Simulator:
@@ -50,47 +69,65 @@ class Simulator:
     """
 
     def __init__(self, topology: Topology | str | None = None, mode: str = "data", **overrides: Any):
-        if mode not in MODES:
+        if not isinstance(mode, str) or mode not in MODES:
             raise ValidationError(f"Simulator mode {mode!r} is unknown; use 'data' or 'timing'.")
         self.topo = load_topology(topology, **overrides)
         self.mode = mode
-        self.memory = Memory(self.topo.tcm_bytes, backed=mode == "data")
+        self.label = f"simulator #{next(_serial)}"
+        self.memory = Memory(self.topo.tcm_bytes, backed=mode == "data", label=self.label)
         self._hbm: dict[str, Handle] = {}
+        #: per finished run, the HBM byte ranges it wrote (so an earlier run's reads can tell what moved)
+        self._hbm_writes: list[tuple[tuple[int, int], ...]] = []
 
     def __repr__(self) -> str:
         return f"Simulator({self.topo.name}, mode={self.mode!r}, {len(self._hbm)} HBM tensors)"
 
-    def hbm(self, name: str, array: np.ndarray | None = None, *, shape: tuple[int, ...] | None = None,
-            dtype: Any = None) -> Handle:
+    def hbm(self, name: str, array: Any = None, *, shape: Any = None, dtype: Any = None) -> Handle:
         """Place a host tensor in HBM and return its handle.
 
         Pass ``array`` (rounded to ``dtype``, default: the array's own dtype if
         supported, else fp32), or ``shape``/``dtype`` for an uninitialised
-        (zeroed) output. In timing mode no bytes are kept.
+        (zeroed) output. In timing mode no bytes are kept, but the array is
+        checked all the same.
 
         Raises:
-            ValidationError: a duplicate name, or neither array nor shape.
+            ValidationError: a bad or duplicate name, neither array nor shape (or
+                both, disagreeing), a shape that is not 1-D/2-D ints, an array that
+                is not real numbers (complex, bool, strings, objects), NaN or inf,
+                or values that overflow ``dtype`` (1e39 to fp32, 7e4 to fp16).
         """
+        if not isinstance(name, str) or not name:
+            raise ValidationError(f"sim.hbm: the name must be a non-empty string, got {name!r}.")
         if name in self._hbm:
             raise ValidationError(f"HBM tensor {name!r} already exists; pick another name.")
+        values = None
         if array is None:
             if shape is None:
                 raise ValidationError(f"sim.hbm({name!r}): pass an array, or shape= (and dtype=) for an output.")
-            dtype = canonical_dtype(dtype or "fp32")
+            dtype = canonical_dtype("fp32" if dtype is None else dtype)
+            shape = check_shape(name, shape)
         else:
-            array = np.asarray(array)
+            arr = _host_array(name, array)
+            if shape is not None and check_shape(name, shape) != arr.shape:
+                raise ValidationError(f"sim.hbm({name!r}): shape={shape!r} disagrees with the array's shape "
+                                      f"{arr.shape}; pass one or the other.")
             if dtype is None:
                 try:
-                    dtype = canonical_dtype(array.dtype)
+                    dtype = canonical_dtype(arr.dtype)
                 except ValidationError:
                     dtype = "fp32"
             dtype = canonical_dtype(dtype)
-            shape = array.shape
-        h = self.memory.hbm.alloc(name, tuple(shape), dtype)
-        if array is not None and self.memory.backed:
-            if not np.all(np.isfinite(array.astype(np.float64))):
-                raise ValidationError(f"sim.hbm({name!r}): the array holds NaN or inf; pass finite values.")
-            self.memory.hbm.view(h)[...] = array.astype(np.float32).astype(DTYPES[dtype])
+            shape = check_shape(name, arr.shape)
+            with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below
+                values = arr.astype(np.float32).astype(DTYPES[dtype])
+            if not np.isfinite(values.astype(np.float32)).all():
+                big = float(np.max(np.abs(arr.astype(np.float64))))
+                raise ValidationError(f"sim.hbm({name!r}): values up to {big:.4g} overflow {dtype} "
+                                      f"(largest finite {DTYPE_MAX[dtype]:.4g}); they would be "
+                                      f"stored as inf. Scale the data or use a wider dtype.")
+        h = self.memory.hbm.alloc(name, shape, dtype)
+        if values is not None and self.memory.backed:
+            self.memory.hbm.view(h)[...] = values
         self._hbm[name] = h
         return h
 
@@ -102,8 +139,10 @@ class Simulator:
 
         Raises:
             ValidationError, TcmOverflowError: from the kernel's ``tl`` calls.
-            SimulationError: the program deadlocks.
+            SimulationError: the program deadlocks, or emits no commands.
         """
+        if not callable(kernel):
+            raise ValidationError(f"Simulator.run expects a kernel function def k(tl, ...), got {kernel!r}.")
         tcm = self.memory.new_tcm()
         ring_bytes = StagingRing.bytes_for(self.topo)
         staging = tcm.alloc("<staging buffers>", (ring_bytes // 4,), "fp32")
@@ -127,11 +166,63 @@ class Simulator:
         else:
             start, end = simulate(prog)
         t3 = perf_counter()
-        names = dict(self._hbm)
-        names.update(tl.names)
-        run = Run(self, prog, start, end, names, tcm)
+        writes = _merge([(lo, hi) for ranges in prog.writes for is_tcm, lo, hi in ranges if not is_tcm])
+        self._hbm_writes.append(writes)
+        snapshot = tuple((lo, hi, self.memory.hbm.buf[lo:hi].copy()) for lo, hi in writes) if data else ()
+        run = Run(self, prog, start, end, dict(self._hbm), tl.names, tcm, len(self._hbm_writes) - 1, snapshot)
         run.timings = {"emit": t1 - t0, "schedule": t2 - t1, "simulate": t3 - t2}
         return run
+
+    def _read_hbm(self, h: Handle, run: "Run") -> np.ndarray:
+        """``h``'s bytes as ``run`` left them: what it wrote from its snapshot, the rest from HBM if no later run moved it."""
+        hbm = self.memory.hbm
+        if run._index == len(self._hbm_writes) - 1:
+            return hbm.view(h).copy()
+        raw = hbm.buf[h.addr:h.end].copy()
+        covered = np.zeros(h.nbytes, dtype=bool)
+        for lo, hi, data in run._snapshot:
+            a, b = max(lo, h.addr), min(hi, h.end)
+            if a < b:
+                raw[a - h.addr:b - h.addr] = data[a - lo:b - lo]
+                covered[a - h.addr:b - h.addr] = True
+        for later, ranges in enumerate(self._hbm_writes[run._index + 1:], start=run._index + 1):
+            for lo, hi in ranges:
+                a, b = max(lo, h.addr), min(hi, h.end)
+                if a < b and not covered[a - h.addr:b - h.addr].all():
+                    raise SimulationError(
+                        f"Run.read({h.name!r}): a later run of {self.label} (run {later + 1}) overwrote this tensor "
+                        f"in HBM after run {run._index + 1}, which did not write it. Read results before running "
+                        f"again, or give each run its own Simulator.")
+        return raw.view(DTYPES[h.dtype]).reshape(h.shape)
+
+
+def _host_array(name: str, array: Any) -> np.ndarray:
+    """``array`` as a numpy array of real numbers, or a ValidationError saying what it is instead."""
+    try:
+        arr = np.asarray(array)
+    except (ValueError, TypeError) as exc:
+        raise ValidationError(f"sim.hbm({name!r}): cannot read the data as an array ({exc}); pass a 1-D or 2-D "
+                              f"numpy array of numbers.") from None
+    if np.iscomplexobj(arr):
+        raise ValidationError(f"sim.hbm({name!r}): the array is complex ({arr.dtype}); the PE holds real numbers "
+                              f"only. Pass .real and .imag as two tensors.")
+    if arr.dtype.kind not in "iuf" and arr.dtype != DTYPES["bf16"]:
+        raise ValidationError(f"sim.hbm({name!r}): the array holds {arr.dtype} values, not real numbers; pass "
+                              f"ints or floats.")
+    if arr.size and not np.isfinite(arr.astype(np.float64)).all():
+        raise ValidationError(f"sim.hbm({name!r}): the array holds NaN or inf; pass finite values.")
+    return arr
+
+
+def _merge(ranges: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """Sorted, disjoint byte ranges covering ``ranges``."""
+    out: list[list[int]] = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], hi)
+        else:
+            out.append([lo, hi])
+    return tuple((lo, hi) for lo, hi in out)
 
 
 class Run:
@@ -144,7 +235,8 @@ class Run:
     """
 
     def __init__(self, sim: Simulator, prog: Program, start: list[int], end: list[int],
-                 names: dict[str, Handle], tcm: Any):
+                 hbm_names: dict[str, Handle], tcm_names: dict[str, list[Handle]], tcm: Any, index: int = 0,
+                 snapshot: tuple = ()):
         self.sim = sim
         self.topology = sim.topo
         self.mode = sim.mode
@@ -153,8 +245,11 @@ class Run:
         # garbage collector once the run re-enables it
         self._start = np.array(start, dtype=np.int64)
         self._end = np.array(end, dtype=np.int64)
-        self._names = names
+        self._hbm_names = hbm_names
+        self._tcm_names = tcm_names
         self._tcm = tcm
+        self._index = index
+        self._snapshot = snapshot
         self._op_log: pd.DataFrame | None = None
         self.cycles = int(self._end.max()) if len(end) else 0
         #: wall-clock seconds of each phase (emit, schedule, simulate, op_log), for benchmarks
@@ -191,22 +286,42 @@ class Run:
         return self._end[d] - self._start[d]
 
     def read(self, handle_or_name: Handle | str) -> np.ndarray:
-        """A copy of a tensor's final contents, in its own dtype (bf16 via ml_dtypes).
+        """A copy of a tensor's contents at the end of this run, in its own dtype (bf16 via ml_dtypes).
+
+        TCM handles read this run's own TCM. An HBM tensor reads what this run
+        left there, even after the simulator ran again, as long as no later run
+        overwrote bytes this run did not write.
 
         Raises:
-            SimulationError: timing mode (no numbers were computed).
-            ValidationError: an unknown name.
+            SimulationError: timing mode (no numbers were computed), or a later run
+                overwrote the tensor.
+            ValidationError: an unknown or ambiguous name; a handle of another
+                simulator or another run, or one whose scratch scope had closed.
         """
         if self.mode != "data":
             raise SimulationError("this run was simulated in timing mode, which computes no numbers; "
                                   "use Simulator(mode='data').")
-        h = handle_or_name
-        if isinstance(h, str):
-            if h not in self._names:
-                raise ValidationError(f"no tensor named {h!r} in this run; known: {', '.join(sorted(self._names))}.")
-            h = self._names[h]
-        arena = self.sim.memory.hbm if h.space == "hbm" else self._tcm
-        return arena.view(h).copy()
+        h = self._lookup(handle_or_name) if isinstance(handle_or_name, str) else handle_or_name
+        if not isinstance(h, Handle):
+            raise ValidationError(f"Run.read expects a tensor handle or a tensor name, got {handle_or_name!r}.")
+        arena = self._tcm if h.space is Space.TCM else self.sim.memory.hbm
+        problem = arena.check(h)
+        if problem is not None:
+            raise ValidationError(f"Run.read: {problem}")
+        if h.space is Space.TCM:
+            return arena.view(h).copy()
+        return self.sim._read_hbm(h, self)
+
+    def _lookup(self, name: str) -> Handle:
+        found = ([self._hbm_names[name]] if name in self._hbm_names else []) + self._tcm_names.get(name, [])
+        if not found:
+            known = sorted(set(self._hbm_names) | set(self._tcm_names))
+            raise ValidationError(f"no tensor named {name!r} in this run; known: {', '.join(known)}.")
+        valid = [h for h in found if (self._tcm if h.space is Space.TCM else self.sim.memory.hbm).check(h) is None]
+        if len(valid) > 1:
+            raise ValidationError(f"the name {name!r} is given to {len(valid)} tensors in this run "
+                                  f"({', '.join(repr(h) for h in valid)}); pass the handle instead of the name.")
+        return valid[0] if valid else found[-1]
 
     def to_csv(self, path: str | Path | None = None) -> str:
         """The canonical op_log CSV (written to ``path`` if given)."""

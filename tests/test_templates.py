@@ -39,7 +39,7 @@ def _log_without_templates(run) -> str:
 
 def _stamped(run) -> int:
     """How many commands of ``run`` had a template to stamp from (so the test is not vacuous)."""
-    known = templates.templates_for(run.topology)
+    known = templates.PLAN_CACHE.plans_for(run.topology)
     return sum(1 for c in run.commands if c.ops and isinstance(known.get(templates.signature_key(c)),
                                                                  templates.PlanTemplate))
 
@@ -110,17 +110,25 @@ def test_a_command_whose_named_handles_share_a_name_is_planned_afresh():
 
 
 def test_template_cache_is_keyed_by_what_plans_read_and_bounded():
+    cache = templates.PlanCache(max_tables=4, max_plans=3)
     base = load_topology()
-    # the calibration widget's moves do not touch plans: the same templates serve them
+    # the calibration widget's moves do not touch plans: the same table serves them
+    key = ("sig",)
+    cache.plans_for(base).put(key, "tpl")
     same = [base.replace(fixed_cycles=0), base.replace(r_cycles_per_byte=0.5, cmd_queue_depth=2),
             base.replace(hazard_policy="rw_aware")]
-    assert all(templates.templates_for(t) is templates.templates_for(base) for t in same)
-    tables = [templates.templates_for(base.replace(dma_base_cycles=100 + i))
-              for i in range(templates._MAX_TOPOLOGIES + 4)]
-    assert len(templates._BY_TOPOLOGY) <= templates._MAX_TOPOLOGIES
-    assert len({id(t) for t in tables}) == len(tables)
-    latest = base.replace(dma_base_cycles=100 + templates._MAX_TOPOLOGIES + 3)
-    assert templates.templates_for(latest) is tables[-1]
+    assert all(cache.plans_for(t).get(key) == "tpl" for t in same)
+    assert cache.plans_for(base.replace(tile_k=64)).get(key) is templates.UNSEEN
+    for i in range(6):  # more topologies than the bound: the least recently used go first
+        cache.plans_for(base.replace(dma_base_cycles=100 + i)).put(key, i)
+    assert len(cache._tables) == 4 and cache.plans_for(base).get(key) is templates.UNSEEN
+    assert cache.plans_for(base.replace(dma_base_cycles=105)).get(key) == 5
+    plans = cache.plans_for(base)
+    for i in range(5):
+        plans.put((i,), i)
+    assert len(plans) == 3 and plans.get((0,)) is templates.UNSEEN and plans.get((4,)) == 4
+    cache.clear()
+    assert len(cache) == 0
     for f in ("tile_k", "tile_buffers", "math_cost_exp", "gemm_base_cycles", "tcm_bytes"):
         assert f in templates._PLAN_FIELDS
 
@@ -137,7 +145,7 @@ def test_a_template_has_a_readable_repr():
     r = decode.run("opt3", kv_len=512, mode="timing")
     r = decode.run("opt3", kv_len=512, mode="timing")
     pv = next(c for c in r.run.commands if c.label == "pv")
-    tpl = templates.templates_for(r.topology)[templates.signature_key(pv)]
+    tpl = templates.PLAN_CACHE.plans_for(r.topology).get(templates.signature_key(pv))
     assert repr(tpl) == "PlanTemplate(4 stages, staging buffers taken {'b': 1})"
 
 

@@ -9,12 +9,14 @@ one) GEMM plus each op's :class:`Scope` decide where it runs (see
 from __future__ import annotations
 
 import enum
-import functools
 import math
 from dataclasses import dataclass, field
 from fractions import Fraction
 from types import MappingProxyType
-from typing import Any, Mapping, Union
+from collections.abc import Mapping
+from typing import Any, Union
+
+import numpy as np
 
 from ..config import exact_fraction
 from ..errors import ValidationError
@@ -38,12 +40,22 @@ class Scope(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Completion:
-    """The handle a command returns; ``tl.wait`` takes it. ``cmd`` is the program-order id."""
+    """What ``tl`` returns for an emitted command; ``tl.wait`` takes it. ``cmd`` is the program-order id.
+
+    ``primary_out`` is the primary output of a recipe the command expanded
+    (a softmax merge's P, say), a pinned TCM handle a later command may read.
+    ``origin`` marks the run that emitted it (a completion kept from an
+    earlier run is refused); a hand-built ``Completion(k)`` has none and means
+    command k of the current run. Only ``cmd`` takes part in equality.
+    """
 
     cmd: int
+    primary_out: Handle | None = field(default=None, compare=False)
+    origin: object = field(default=None, compare=False, repr=False)
 
     def __repr__(self) -> str:
-        return f"Completion(cmd={self.cmd})"
+        po = f", primary_out={self.primary_out.name}" if self.primary_out is not None else ""
+        return f"Completion(cmd={self.cmd}{po})"
 
 
 def _freeze(m: Mapping[str, Any] | None) -> Mapping[str, Any]:
@@ -67,16 +79,23 @@ class OpSpec:
     out: Handle | None = None
     #: ``8 + 8 x (#operand handles + #out handles) + 4 x #scalar extras`` (ADR-0064 D2), computed once.
     logical_bytes: int = field(init=False, repr=False, compare=False)
-    #: Everything but addresses and names: kind, scope, each operand's and the out's space, shape,
-    #: dtype and pinning, and the scalars (values only for a GEMM's m, k, n, trans_b). Whether the
-    #: op is valid, and the stages the scheduler plans for it, depend on nothing else, so ``tl``
-    #: caches validation and the scheduler caches plan templates by it. ``None`` when an operand
-    #: is not a handle (validation then says what is wrong).
+    #: Everything but addresses, names and scalar values: kind, scope, each operand's and the out's
+    #: space, shape, dtype and pinning, the names of the shipped scalars, and the values of a GEMM's
+    #: m, k, n, trans_b. The stages the scheduler plans for the op depend on nothing else, so its
+    #: plan cache keys on it (``pe.templates``). ``None`` when an operand is not a handle
+    #: (validation then says what is wrong).
     signature: tuple | None = field(init=False, repr=False, compare=False)
     #: ``Handle.span`` of every operand, in order (what hazard tracking reads); None like ``signature``.
     read_spans: tuple | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.kind, str):
+            raise ValidationError(f"OpSpec kind must be an op name (a string), got {self.kind!r}.")
+        for what in ("operands", "extra"):
+            v = getattr(self, what)
+            if v is not None and v.__class__ is not dict and not isinstance(v, Mapping):
+                raise ValidationError(f"OpSpec {self.kind!r}: {what} must be a dict of name -> "
+                                      f"{'handle' if what == 'operands' else 'scalar'}, got {type(v).__name__}.")
         if self.scope.__class__ is not Scope:  # a scope name ("k_tile") from the flat form
             try:
                 object.__setattr__(self, "scope", Scope(str(self.scope).lower()))
@@ -109,31 +128,6 @@ class OpSpec:
         set_(self, "signature", sig)
         set_(self, "read_spans", read_spans)
 
-    def _with_operand(self, port: str, handle: Handle) -> "OpSpec":
-        """A copy with operand ``port`` replaced by ``handle`` (a loop's next K/V slice).
-
-        For the kernel language's hot path: when ``handle`` has the old
-        operand's space, shape, dtype and pinning, everything but the operand
-        map and the spans is the old op's (signature included), so only those
-        are rebuilt. Otherwise the op is constructed afresh.
-        """
-        old = self.operands[port]
-        if handle.__class__ is not Handle or (handle.space, handle.shape, handle.dtype, handle.pinned) != \
-                (old.space, old.shape, old.dtype, old.pinned):
-            return OpSpec(self.kind, self.scope, {**self.operands, port: handle}, self.extra, self.out)
-        new = object.__new__(OpSpec)
-        set_ = object.__setattr__
-        operands = MappingProxyType({**self.operands, port: handle})
-        set_(new, "kind", self.kind)
-        set_(new, "scope", self.scope)
-        set_(new, "operands", operands)
-        set_(new, "extra", self.extra)
-        set_(new, "out", self.out)
-        set_(new, "logical_bytes", self.logical_bytes)
-        set_(new, "signature", self.signature)
-        set_(new, "read_spans", None if self.read_spans is None else tuple([h.span for h in operands.values()]))
-        return new
-
     def handles(self) -> tuple[Handle, ...]:
         """Every handle the op names: operands in order, then out."""
         hs = tuple(self.operands.values())
@@ -141,11 +135,11 @@ class OpSpec:
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, OpSpec) and self.kind == other.kind and self.scope == other.scope
-                and dict(self.operands) == dict(other.operands) and dict(self.extra) == dict(other.extra)
+                and dict(self.operands) == dict(other.operands) and _extra_key(self.extra) == _extra_key(other.extra)
                 and self.out == other.out)
 
     def __hash__(self) -> int:
-        return hash((self.kind, self.scope, tuple(self.operands.items()), tuple(self.extra.items()), self.out))
+        return hash((self.kind, self.scope, tuple(self.operands.items()), _extra_key(self.extra), self.out))
 
     def __repr__(self) -> str:
         ops = ", ".join(f"{k}={v.name}" for k, v in self.operands.items())
@@ -155,14 +149,37 @@ class OpSpec:
         return f"OpSpec({self.kind}({', '.join(x for x in (ops, ex) if x)}){out}{scope})"
 
 
+def scalar_key(v: Any) -> Any:
+    """A scalar as compared by value: equal numbers are equal (``1 == 1.0``) but ``-0.0`` is not ``0.0``.
+
+    Flags (bools) and anything that is not a real number compare as themselves.
+    """
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        return v
+    try:
+        f = float(v)
+    except OverflowError:  # an int too large for a float: it compares as itself
+        return v
+    return (f, math.copysign(1.0, f))
+
+
+def _extra_key(extra: Mapping[str, Any]) -> tuple:
+    try:
+        return tuple(sorted((k, scalar_key(v)) for k, v in extra.items()))
+    except TypeError:  # unorderable mixed keys: insertion order still identifies the op
+        return tuple((k, scalar_key(v)) for k, v in extra.items())
+
+
 @dataclass(frozen=True, slots=True)
 class CompositeCmd:
     """A flat composite command.
 
     ``rw_handles`` are the cross-composite read-write handles the scheduler
-    tracks for hazards; ``scratch`` lists composite-internal scratch (recipe
-    intermediates), which does not count for hazards. ``label`` and ``iter``
-    are annotations for the op_log, not shipped to the PE.
+    tracks for hazards; ``scratch`` lists the recipe scratch the command's
+    ops write (its intermediates and primary output). Like every byte range
+    the ops touch, scratch counts for hazards (DESIGN.md §5): two commands
+    sharing scratch are ordered. ``label`` and ``iter`` are annotations for
+    the op_log, not shipped to the PE.
     """
 
     completion: Completion
@@ -217,7 +234,6 @@ def segments(logical_bytes: int, cap: int) -> int:
     return max(1, -(-logical_bytes // cap))
 
 
-@functools.lru_cache(maxsize=4096)
 def dispatch_cycles(logical_bytes: int, fixed: int, r: Fraction | float | int, cap: int) -> int:
     """``FIXED x segments + ceil(R x logical_bytes)`` in integer cycles.
 

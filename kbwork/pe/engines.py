@@ -130,12 +130,8 @@ class DataExecutor:
             block[...] = self.acc.pop(acc_key).astype(DTYPES[out.dtype])
         elif op == "math":
             _, kind, operands, extra, out = effect
-            arena = self.mem.arena(out)
-            if kind == "fill":
-                arena.view(out)[...] = np.float32(extra["value"])
-                return
             args = {name: self._f32(h) for name, h in operands.items()}
-            arena.write(out, apply_math(kind, args, extra))
+            self.mem.arena(out).write(out, apply_math(kind, args, extra))
         elif op == "math_acc":
             _, kind, target, operands, extra = effect
             args = {name: self._f32(h) for name, h in operands.items()}

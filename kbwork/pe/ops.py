@@ -1,8 +1,29 @@
 """The op set the PE executes: operand names, scalars, cost class, numerics.
 
 This table is hardware knowledge (the MATH/GEMM ISA). The compiler side
-validates against it; the engines cost and execute from it. Adding a MATH op
-means adding one :class:`OpInfo` here.
+validates against it; the engines cost and execute from it. An entry is
+everything about its op (micrograd's "behaviour beside its data"): operand
+ports, the real-valued scalars it ships (4 logical bytes each), its cost
+class, and its numpy meaning, called as ``fn(*operands, **scalars)`` (an
+accumulator op gets the running value first). Adding a MATH op means adding
+one :class:`OpInfo` here; validation, dispatch costing, planning and data
+mode pick it up, and the scheduler's plan cache keys on :func:`table_key`,
+so editing the table in a running process takes effect at once.
+
+======================  =========================  ======================================
+kind                    operands -> out            numpy meaning
+======================  =========================  ======================================
+``fill``                out (scalar ``value``)     ``out[...] = value``
+``copy``                a -> out                   ``out = a``
+``scale``               (accumulator, ``factor``)  ``acc *= factor``
+``add``                 other (accumulator)        ``acc += other``
+``rmax``, ``rsum``      a (G,T) -> out (G,1)       row max / row sum
+``max_elem``            a, b -> out                ``maximum(a, b)``
+``exp_diff``            a, b -> out                ``exp(a - b)``, b per row when (G,1)
+``fma``                 a, b, c -> out             ``a * b + c``
+``mul_bcast``           a (G,d), b (G,1) -> out    ``a * b`` per row
+``div_bcast``           a (G,d), b (G,1) -> out    ``a / b`` per row
+======================  =========================  ======================================
 """
 
 from __future__ import annotations
@@ -17,6 +38,11 @@ import numpy as np
 class OpInfo:
     """What one op kind takes and does.
 
+    ``scalars`` are the real-valued parameters the op ships (``value``,
+    ``factor``, ...): each is an int or float (±inf allowed, NaN not), costs 4
+    logical bytes and reaches ``fn`` as a keyword argument. ``params`` are
+    the GEMM's shape parameters (m, k, n, trans_b), which ship like scalars
+    but are set by the kernel language from the operand shapes.
     ``accumulator`` ops (``scale``, ``add``) have no ``out``: they update the
     running accumulator inside a GEMM tile loop, or the nearest preceding op's
     output elsewhere. ``reduction`` ops reduce each row to a ``(rows, 1)``
@@ -31,9 +57,15 @@ class OpInfo:
     accumulator: bool = False
     fn: Callable[..., np.ndarray] | None = None
     doc: str = ""
+    params: tuple[str, ...] = ()
+
+    @property
+    def shipped(self) -> tuple[str, ...]:
+        """Every key the op's ``extra`` must hold: its parameters, then its scalars."""
+        return self.params + self.scalars
 
     def __repr__(self) -> str:
-        return f"OpInfo({self.kind}: {', '.join(self.operands + self.scalars) or '-'})"
+        return f"OpInfo({self.kind}: {', '.join(self.operands + self.shipped) or '-'})"
 
 
 def _rmax(a): return a.max(axis=-1, keepdims=True)
@@ -41,10 +73,11 @@ def _rsum(a): return a.sum(axis=-1, keepdims=True, dtype=np.float32)
 
 
 OPS: dict[str, OpInfo] = {op.kind: op for op in (
-    OpInfo("gemm", ("a", "b"), ("m", "k", "n", "trans_b"), doc="out = a @ b (b.T when trans_b)"),
-    OpInfo("fill", (), ("value",), fn=None, doc="out[...] = value"),
+    OpInfo("gemm", ("a", "b"), params=("m", "k", "n", "trans_b"), doc="out = a @ b (b.T when trans_b)"),
+    OpInfo("fill", (), ("value",), fn=lambda *, value: np.float32(value), doc="out[...] = value"),
     OpInfo("copy", ("a",), fn=lambda a: a, doc="out = a"),
-    OpInfo("scale", (), ("factor",), accumulator=True, doc="acc *= factor"),
+    OpInfo("scale", (), ("factor",), accumulator=True, fn=lambda acc, *, factor: acc * np.float32(factor),
+           doc="acc *= factor"),
     OpInfo("add", ("other",), accumulator=True, fn=lambda acc, other: acc + other, doc="acc += other"),
     OpInfo("rmax", ("a",), reduction=True, fn=_rmax, doc="out = row max of a"),
     OpInfo("rsum", ("a",), reduction=True, fn=_rsum, doc="out = row sum of a"),
@@ -59,6 +92,15 @@ OPS: dict[str, OpInfo] = {op.kind: op for op in (
 MATH_KINDS = tuple(k for k in OPS if k != "gemm")
 
 
+def table_key() -> tuple:
+    """The op table's content, as a hashable value: equal exactly when no entry was added, removed or replaced.
+
+    The scheduler's plan cache includes it in its key (a plan's durations and
+    placement read the table), so editing ``OPS`` invalidates what it planned.
+    """
+    return tuple(OPS.items())
+
+
 def apply_math(kind: str, args: dict[str, np.ndarray], extra: dict, acc: np.ndarray | None = None) -> np.ndarray:
     """Compute one MATH op in float32 and return the result (not yet rounded).
 
@@ -67,11 +109,9 @@ def apply_math(kind: str, args: dict[str, np.ndarray], extra: dict, acc: np.ndar
     :meth:`DataExecutor.quiet` silences numpy's warnings for a whole run, so
     this does not set ``np.errstate`` per call.
     """
-    if kind == "fill":
-        raise AssertionError("fill is applied by the caller (it needs the out shape)")
-    if kind == "scale":
-        return acc * np.float32(extra["factor"])
     info = OPS[kind]
+    scalars = {n: extra[n] for n in info.scalars}
+    operands = [args[n] for n in info.operands]
     if info.accumulator:
-        return info.fn(acc, *[args[n] for n in info.operands])
-    return info.fn(*[args[n] for n in info.operands])
+        return info.fn(acc, *operands, **scalars)
+    return info.fn(*operands, **scalars)

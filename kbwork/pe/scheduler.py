@@ -17,20 +17,22 @@ from ..config import Topology
 from .commands import Command, DmaCmd, dispatch_cycles
 from .engines import Latency
 from .stages import Phase, StageKind, StageTable
-from .templates import SEEN_ONCE, PlanTemplate, record, stamp, templates_for
+from .templates import PLAN_CACHE, SEEN_ONCE, UNSEEN, PlanTemplate, record, stamp
 from .tiling import StagingRing, generate_plan_from_ops
-
-_MATH, _SINGLE = int(StageKind.MATH), int(Phase.SINGLE)
 
 #: A byte range in one memory: (space is TCM, first byte, one past the last); ``Handle.span``.
 Range = tuple[bool, int, int]
 
 
 def footprint(cmd: Command) -> tuple[tuple[Range, ...], tuple[Range, ...]]:
-    """The byte ranges ``cmd`` reads and writes, for hazard tracking.
+    """The byte ranges ``cmd`` reads and writes, for hazard tracking (DESIGN.md §5).
 
     Reads are every operand handle; writes are every ``out`` plus the
-    ``rw_handles``. Composite-internal scratch counts for neither.
+    ``rw_handles``. Recipe scratch is the ``out`` of the recipe's ops, so it
+    counts as written: commands sharing scratch are ordered, and bytes a
+    scratch scope released are not overwritten while a command using them is
+    in flight. (The scheduler's staging buffers never appear in ops; the
+    staging ring orders them.)
     """
     if isinstance(cmd, DmaCmd):
         return (cmd.src.span,), (cmd.dst.span,)
@@ -39,29 +41,9 @@ def footprint(cmd: Command) -> tuple[tuple[Range, ...], tuple[Range, ...]]:
         reads = dict.fromkeys([s for op in ops for s in op.read_spans])
     except TypeError:  # an op whose operands are not handles: let the handles say what is wrong
         reads = dict.fromkeys([h.span for op in ops for h in op.operands.values()])
-    writes = dict.fromkeys([op.out.span for op in ops if op.out is not None] + [h.span for h in cmd.rw_handles])
-    for h in cmd.scratch:
-        reads.pop(h.span, None)
-        writes.pop(h.span, None)
+    writes = dict.fromkeys([op.out.span for op in ops if op.out is not None]
+                           + [h.span for h in cmd.rw_handles] + [h.span for h in cmd.scratch])
     return tuple(reads), tuple(writes)
-
-
-_UNSEEN = object()
-_DISPATCH_TABLES: dict[tuple, dict[int, int]] = {}
-
-
-def _dispatch_table(fixed: int, r: object, cap: int) -> dict[int, int]:
-    """A (growing) table of dispatch cycles by logical bytes for one calibration, kept across runs.
-
-    Keyed by R as given (a float hashes in C; ``dispatch_cycles`` reads it exactly).
-    """
-    key = (fixed, r, cap)
-    table = _DISPATCH_TABLES.get(key)
-    if table is None:
-        if len(_DISPATCH_TABLES) >= 64:  # the calibration widget makes one per slider position
-            _DISPATCH_TABLES.clear()
-        table = _DISPATCH_TABLES[key] = {}
-    return table
 
 
 def _overlap(xs: tuple[Range, ...], ys: tuple[Range, ...]) -> bool:
@@ -116,8 +98,9 @@ def schedule(commands: Sequence[Command], topo: Topology, *, waits: Sequence[tup
         with_effects: record data-mode effects on the stages.
         staging_base: TCM address of the scheduler's staging buffers.
         templates: without effects, plan each composite signature once and
-            stamp repeats from its template (``pe.templates``); the stage
-            table is the same either way. ``False`` plans every command afresh.
+            stamp repeats from its template (the plan cache, ``pe.templates``);
+            the stage table is the same either way. ``False`` plans every
+            command afresh.
 
     Returns:
         The :class:`Program`.
@@ -129,22 +112,16 @@ def schedule(commands: Sequence[Command], topo: Topology, *, waits: Sequence[tup
     wait_map: dict[int, list[int]] = {}
     for before, target in waits:
         wait_map.setdefault(before, []).append(target)
-    fixed, r, cap = topo.fixed_cycles, topo.r_cycles_per_byte, topo.max_composite_logical_bytes
+    fixed, r, cap = topo.fixed_cycles, topo.r_fraction, topo.max_composite_logical_bytes
     dkind, pkind = int(StageKind.DISPATCH), int(StageKind.PLAN)
     dphase, pphase = int(Phase.DISPATCH), int(Phase.PLAN)
-    dcache = _dispatch_table(fixed, r, cap)  # logical bytes -> dispatch cycles
+    dcache: dict[int, int] = {}     # logical bytes -> dispatch cycles, for this program
     pcache: dict[int, int] = {}     # ops -> plan cycles
     rows = table.rows               # DISPATCH and PLAN rows are appended here directly (the hot loop)
     dispatch_seq = prog.dispatch_seq
     fps: list[tuple[tuple[Range, ...], tuple[Range, ...]]] = []
-    # Plans of MATH-only commands on pinned operands are a plain chain of MATH stages that
-    # depends only on the ops; a loop re-issues the same op tuple, so reuse (op_kind, dur) and
-    # the footprint. Keyed by the tuple's id; the entry holds the tuple, so the id stays unique.
-    chains: dict[int, tuple] = {}
-    reuse = not with_effects
-    use_templates = reuse and templates
     # signature key -> PlanTemplate, SEEN_ONCE, or None if not templatable; kept across runs
-    known = templates_for(topo) if use_templates else {}
+    plans = PLAN_CACHE.plans_for(topo) if (templates and not with_effects) else None
     prev_d: tuple[int, ...] = ()
     prev_p: tuple[int, ...] = ()
     for i, cmd in enumerate(commands):
@@ -167,41 +144,25 @@ def schedule(commands: Sequence[Command], topo: Topology, *, waits: Sequence[tup
         p = d + 1
         prev_d, prev_p = (d,), (p,)
         dispatch_seq.append(d)
-        if is_dma or not reuse:
-            generate_plan_from_ops(cmd, topo, table, ring, lat, after=(p,))
-            fps.append(footprint(cmd))
-            continue
-        plain = not cmd.rw_handles and not cmd.scratch
-        chain = chains.get(id(ops))
-        if chain is not None and chain[0] is ops and plain:
-            prev = prev_p
-            for op_kind, dur in chain[1]:
-                s = len(rows)
-                rows.append((_MATH, _SINGLE, i, op_kind, 0, -1, "", 0, dur, prev, None))
-                prev = (s,)
-            fps.append(chain[2])
-            continue
+        fps.append(footprint(cmd))
         key = None
-        if use_templates:
+        if plans is not None and not is_dma:
             key = tuple([op.signature for op in ops])
             if None in key:
                 key = None
-        tpl = known.get(key, _UNSEEN) if key is not None else None
-        first = len(rows)
+        if key is None:
+            generate_plan_from_ops(cmd, topo, table, ring, lat, after=(p,))
+            continue
+        tpl = plans.get(key)
         if tpl.__class__ is PlanTemplate:
             stamp(tpl, cmd, table, ring, p)
-        else:
-            generate_plan_from_ops(cmd, topo, table, ring, lat, after=(p,))
-            if key is not None:
-                # record on the second sighting: a one-off command (the final store) never pays for it
-                if tpl is _UNSEEN:
-                    known[key] = SEEN_ONCE
-                elif tpl is SEEN_ONCE:
-                    known[key] = record(cmd, topo, lat)
-        fp = footprint(cmd)
-        fps.append(fp)
-        if plain and (tpl.math_only if tpl.__class__ is PlanTemplate else all(r[0] == _MATH for r in rows[first:])):
-            chains[id(ops)] = (ops, tuple([(r[3], r[8]) for r in rows[first:]]), fp)
+            continue
+        generate_plan_from_ops(cmd, topo, table, ring, lat, after=(p,))
+        # record on the second sighting: a one-off command (the final store) never pays for it
+        if tpl is UNSEEN:
+            plans.put(key, SEEN_ONCE)
+        elif tpl is SEEN_ONCE:
+            plans.put(key, record(cmd, topo, lat))
     table.touched()
     # every command's stages are DISPATCH, PLAN, then its plan: the rest follows from dispatch_seq
     prog.plan_seq = [d + 1 for d in dispatch_seq]

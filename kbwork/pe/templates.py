@@ -15,17 +15,20 @@ made a reference to the operand it came from. Later commands with the same
 signature are stamped from it: a few tuple operations per stage instead of
 the plan generator's per-tile arithmetic.
 
-Templates carry no data-mode effects, so only timing mode uses them; a test
-checks that templated and freshly generated schedules give byte-identical
-op_logs.
+Templates live in :data:`PLAN_CACHE`, the simulator's one cache (see
+:class:`PlanCache` for its key, bounds and clearing). They carry no data-mode
+effects, so only timing mode uses them; a test checks that templated and
+freshly generated schedules give byte-identical op_logs.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, fields
 from typing import Optional
 
 from ..config import Topology
+from . import ops
 from .commands import CompositeCmd
 from .engines import Latency
 from .stages import StageKind, StageTable
@@ -85,21 +88,18 @@ class _RecordingRing(StagingRing):
         self.local_binds[slot][buf] = consumer_seq
 
 
-#: Templates by the topology's plan-relevant fields, then signature key. A template depends on
-#: nothing else, so it stays valid across runs: the second run of a kernel stamps every repeated
-#: command, and so does a run after the calibration widget moved FIXED or R. Bounded; the least
-#: recently used topology is dropped first.
-_BY_TOPOLOGY: dict[tuple, dict[tuple, object]] = {}
-#: Marks a signature planned once so far: the scheduler records it on the next sighting.
-SEEN_ONCE = object()
-_MAX_TOPOLOGIES = 16
 #: Topology fields no plan reads: dispatch calibration, queue depth and hazard policy act in the
 #: scheduler's loop and the timeline, names are labels. Every other field (a new one included)
-#: keys the templates.
+#: keys the cache.
 _NOT_PLANNED = frozenset({"name", "source", "clock_ghz", "fixed_cycles", "r_cycles_per_byte",
                           "max_composite_logical_bytes", "cmd_queue_depth", "hazard_policy",
                           "plan_base_cycles", "plan_cycles_per_op"})
 _PLAN_FIELDS = tuple(f.name for f in fields(Topology) if f.name not in _NOT_PLANNED)
+
+#: Marks a signature planned once so far: the scheduler records it on the next sighting.
+SEEN_ONCE = object()
+#: What :meth:`PlanTable.get` returns for a signature never planned.
+UNSEEN = object()
 
 
 def plan_key(topo: Topology) -> tuple:
@@ -107,19 +107,84 @@ def plan_key(topo: Topology) -> tuple:
     return tuple([getattr(topo, f) for f in _PLAN_FIELDS])
 
 
-def templates_for(topo: Topology) -> dict[tuple, object]:
-    """The process-wide template table for ``topo``'s plan-relevant fields (created empty on first use).
+class PlanCache:
+    """The one cache of the simulator: plan templates, at the boundary where flat ops meet the scheduler.
 
-    Values: a :class:`PlanTemplate`, ``SEEN_ONCE``, or None (not templatable).
+    A template depends on nothing but its key, so it stays valid across runs
+    and calibrations: the key is the command's op signatures
+    (:attr:`OpSpec.signature`: kinds, scopes, spaces, shapes, dtypes,
+    pinning, GEMM sizes), the topology fields plans read (:func:`plan_key`)
+    and the op table's content (:func:`ops.table_key`), so editing either
+    takes effect at once. Plans only ever see flat ops: no recipe knowledge
+    enters the key. Bounded (``max_tables`` topology/op-table combinations,
+    least recently used dropped first; ``max_plans`` signatures each, oldest
+    dropped first), safe to share between threads, and emptied by
+    :func:`kbwork.clear_caches`. Only timing mode uses it (data mode needs each
+    stage's effect).
     """
-    key = plan_key(topo)
-    table = _BY_TOPOLOGY.pop(key, None)
-    if table is None:
-        table = {}
-        while len(_BY_TOPOLOGY) >= _MAX_TOPOLOGIES:
-            del _BY_TOPOLOGY[next(iter(_BY_TOPOLOGY))]
-    _BY_TOPOLOGY[key] = table  # re-inserted: the most recently used is last
-    return table
+
+    def __init__(self, max_tables: int = 16, max_plans: int = 4096):
+        self.max_tables = max_tables
+        self.max_plans = max_plans
+        self._lock = threading.Lock()
+        self._tables: dict[tuple, dict[tuple, object]] = {}  # insertion order is recency order
+
+    def __repr__(self) -> str:
+        with self._lock:
+            n = sum(len(t) for t in self._tables.values())
+            return f"PlanCache({len(self._tables)} topologies, {n} signatures)"
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(len(t) for t in self._tables.values())
+
+    def plans_for(self, topo: Topology) -> "PlanTable":
+        """The table of plans for ``topo``'s plan-relevant fields under the current op table."""
+        key = (plan_key(topo), ops.table_key())
+        with self._lock:
+            plans = self._tables.pop(key, None)
+            if plans is None:
+                plans = {}
+                while len(self._tables) >= self.max_tables:
+                    del self._tables[next(iter(self._tables))]
+            self._tables[key] = plans
+        return PlanTable(self._lock, plans, self.max_plans)
+
+    def clear(self) -> None:
+        """Forget every plan."""
+        with self._lock:
+            self._tables.clear()
+
+
+class PlanTable:
+    """One topology's plans: signature key -> :class:`PlanTemplate`, ``SEEN_ONCE``, or None (not templatable)."""
+
+    __slots__ = ("_lock", "_plans", "_max")
+
+    def __init__(self, lock: threading.Lock, plans: dict[tuple, object], max_plans: int):
+        self._lock, self._plans, self._max = lock, plans, max_plans
+
+    def __repr__(self) -> str:
+        return f"PlanTable({len(self._plans)} signatures)"
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+    def get(self, key: tuple) -> object:
+        """The entry for ``key``, or ``UNSEEN``."""
+        with self._lock:
+            return self._plans.get(key, UNSEEN)
+
+    def put(self, key: tuple, value: object) -> None:
+        with self._lock:
+            plans = self._plans
+            if key not in plans:
+                while len(plans) >= self._max:
+                    del plans[next(iter(plans))]
+            plans[key] = value
+
+
+PLAN_CACHE = PlanCache()
 
 
 def signature_key(cmd: CompositeCmd) -> Optional[tuple]:

@@ -4,24 +4,37 @@ A kernel runs once on the host. ``tl`` validates each call at emit time
 (raising :class:`ValidationError` that names the op, the operand and the fix),
 lowers the user API to flat :class:`CompositeCmd` / :class:`DmaCmd` and
 records them in program order for the scheduler.
+
+Lowering is pure: a call becomes commands and nothing is remembered across
+calls or runs except what the program itself owns (its commands, its TCM and
+its kernel-scope recipe scratch). The one cache of the simulator sits at the
+scheduler boundary (``pe.templates.PlanCache``), keyed by flat-op content.
+
+Handle lifetimes (DESIGN.md §2): every handle a call names must have been
+made by this run's memories — ``sim.hbm`` tensors of this simulator, TCM
+allocated by this run — and, if it was allocated inside a
+``tl.scratch_scope()``, that scope must still be open. Anything else is a
+:class:`ValidationError` naming the handle and where it came from.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, Mapping, Sequence
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from ..config import Topology
 from ..errors import ValidationError
-from ..memory import Handle, Memory, Space, canonical_dtype
+from ..memory import DTYPE_MAX, DTYPES, Arena, Handle, Memory, Space
 from ..pe.commands import Command, Completion, CompositeCmd, DmaCmd, OpSpec, Scope
 from ..pe.ops import OPS
 from .tl_recipes import RECIPE_DESCRIPTORS, RecipeDescriptor
 
 _SCOPES = {"kernel": Scope.KERNEL, "k_tile": Scope.K_TILE, "output_tile": Scope.OUTPUT_TILE}
-_SCALAR_KEYS = ("value", "factor")
+_FP32_MAX = float(np.finfo(np.float32).max)
 
 
 def _scope(value: Any, where: str) -> Scope:
@@ -36,30 +49,69 @@ def _is_handle(x: Any) -> bool:
     return isinstance(x, Handle)
 
 
+def _is_int(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def check_scalar(where: str, name: str, value: Any) -> None:
+    """Refuse anything but a real number the PE can ship as a 4-byte scalar (DESIGN.md §2).
+
+    ints, floats and numpy real scalars are accepted, ±inf included; ``None``,
+    NaN, bools, strings, arrays, complex numbers and finite values beyond the
+    float32 range are refused.
+
+    Raises:
+        ValidationError: naming ``where``, the scalar and what to pass instead.
+    """
+    if value is None:
+        raise ValidationError(f"{where}: {name}=None; give it a number (int or float).")
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValidationError(f"{where}: {name}={_show(value)} ({type(value).__name__}) is not a real number; "
+                              f"scalars are ints or floats (±inf allowed).")
+    try:
+        f = float(value)
+    except OverflowError:
+        f = math.inf if value > 0 else -math.inf
+        finite_input = True
+    else:
+        finite_input = math.isfinite(f) or isinstance(value, (int, np.integer))
+    if math.isnan(f):
+        raise ValidationError(f"{where}: {name} is NaN; scalars must be numbers (±inf allowed).")
+    if finite_input and (not math.isfinite(f) or abs(f) > _FP32_MAX):
+        raise ValidationError(f"{where}: {name}={_show(value)} is beyond the float32 range the PE ships scalars in "
+                              f"(|x| <= {_FP32_MAX:.4g}); pass a smaller value, or ±inf on purpose.")
+
+
 class TLContext:
     """The kernel language. See DESIGN.md §2 for the surface.
 
     Attributes:
         commands: the emitted commands, in program order.
         waits: ``(before_cmd, wait_for_cmd)`` pairs from :meth:`wait`.
-        names: every named handle the kernel created (for ``Run.read``).
+        names: every handle the kernel named, by name (for ``Run.read``): a list per
+            name, since a name may be given more than once.
     """
 
     def __init__(self, topo: Topology, memory: Memory):
         self.topo = topo
         self.mem = memory
+        self.hbm: Arena = memory.hbm
+        #: this run's TCM; a bare TLContext owns whatever TCM its memory holds when it is made
+        self.tcm: Arena = memory.tcm
         self.commands: list[Command] = []
         self.waits: list[tuple[int, int]] = []
-        self.names: dict[str, Handle] = {}
+        self.names: dict[str, list[Handle]] = {}
         self._iter = -1
         self._scopes: list[tuple[int, int]] = []
+        #: kernel-scope recipe scratch, by (recipe, RW operand addresses, operand shapes and dtypes)
         self._recipe_scratch: dict[tuple, dict[str, Handle]] = {}
-        self._recipe_expansions: dict[tuple, tuple] = {}
-        self._math_ops: dict[tuple, tuple] = {}
-        self._gemm_calls: dict[tuple, tuple] = {}
-        # what the last recipe expansion was keyed by, for the caches that outlive a run
-        self._last_scratch_key: tuple = ()
-        self._last_expansion_key: tuple | None = None
+        #: marks the completions this run hands out
+        self._token = object()
 
     def __repr__(self) -> str:
         return f"TLContext({len(self.commands)} commands, iter={self._iter}, {len(self._scopes)} open scratch scopes)"
@@ -69,40 +121,54 @@ class TLContext:
         """A handle on HBM data (``space="hbm"``, ``pinned=False``); slice it with ``t[a:b]``.
 
         Raises:
-            ValidationError: ``t`` is not a HBM handle.
+            ValidationError: ``t`` is not a HBM handle of this simulator.
         """
         if not _is_handle(t) or t.space != Space.HBM:
             raise ValidationError(f"tl.ref expects a HBM tensor handle, got {t!r}; "
                                   f"place host data with sim.hbm(name, array).")
+        self._own(t, "tl.ref")
         return t
 
-    def alloc(self, shape: Sequence[int], dtype: Any = "fp32", *, name: str) -> Handle:
+    def alloc(self, shape: Sequence[int] | int, dtype: Any = "fp32", *, name: str) -> Handle:
         """Allocate persistent (or scope-local) TCM scratch; returns a pinned TCM handle.
 
         Raises:
+            ValidationError: a bad name, shape or dtype.
             TcmOverflowError: the TCM cannot hold it.
         """
-        h = self.mem.tcm.alloc(name, tuple(shape), canonical_dtype(dtype))
-        self.names[name] = h
+        h = self.tcm.alloc(name, shape, dtype)
+        self._name(h)
         return h
 
-    def full(self, shape: Sequence[int], value: float, dtype: Any = "fp32", *, name: str,
+    def full(self, shape: Sequence[int] | int, value: float, dtype: Any = "fp32", *, name: str,
              label: str | None = None) -> Handle:
-        """``alloc`` plus a MATH ``fill`` command; returns the TCM handle."""
+        """``alloc`` plus a MATH ``fill`` command; returns the TCM handle.
+
+        Raises:
+            ValidationError: a bad shape, dtype or value (see :func:`check_scalar`).
+            TcmOverflowError: the TCM cannot hold it.
+        """
+        check_scalar(f"tl.full(name={name!r})", "value", value)
         h = self.alloc(shape, dtype, name=name)
         self.composite(op="math", math_op="fill", out=h, value=value, label=label or f"fill {name}")
         return h
 
     @contextlib.contextmanager
     def scratch_scope(self) -> Iterator[None]:
-        """TCM allocated inside the ``with`` block is released at its exit (ADR-0063)."""
-        mark = self.mem.tcm.mark()
+        """TCM allocated inside the ``with`` block is released at its exit (ADR-0063).
+
+        Handles allocated inside die with the scope: naming one in a later
+        command is a ValidationError. Commands still in flight that use the
+        released bytes are protected by the hazard rules (DESIGN.md §5).
+        """
+        mark = self.tcm.mark()
         self._scopes.append(mark)
         try:
             yield
         finally:
             self._scopes.pop()
-            self.mem.tcm.release(mark)
+            n = len(self.commands)
+            self.tcm.release(mark, closed_at=f"after command #{n - 1}" if n else "before any command")
 
     def iteration(self, j: int) -> "_Iteration":
         """Label the commands emitted inside ``with tl.iteration(j):`` with loop index ``j`` (op_log ``iter``).
@@ -110,7 +176,7 @@ class TLContext:
         Raises:
             ValidationError: ``j`` is not a non-negative int.
         """
-        if isinstance(j, bool) or not isinstance(j, (int, np.integer)) or j < 0:
+        if not _is_int(j) or j < 0:
             raise ValidationError(f"tl.iteration expects a non-negative int loop index, got {j!r}.")
         return _Iteration(self, int(j))
 
@@ -119,324 +185,339 @@ class TLContext:
         """DMA ``src`` (HBM) into freshly allocated TCM; returns the pinned TCM handle.
 
         Raises:
-            ValidationError: ``src`` is not in HBM.
+            ValidationError: ``src`` is not a HBM handle of this simulator.
             TcmOverflowError: the TCM cannot hold it.
         """
         if not _is_handle(src) or src.space != Space.HBM:
             raise ValidationError(f"tl.load expects a HBM handle, got {src!r}; a TCM handle is already loaded.")
-        dst = self.alloc(src.shape, src.dtype, name=name or f"{src.name}_tcm")
-        self._emit(DmaCmd(self._next(), src, dst, label or f"dma_load {src.name}", self._iter))
+        self._own(src, "tl.load")
+        dst = self.alloc(src.shape, src.dtype, name=f"{src.name}_tcm" if name is None else name)
+        self._emit(DmaCmd(self._next(), src, dst, self._label(label, f"dma_load {src.name}"), self._iter))
         return dst
 
     def store(self, src: Handle, dst: Handle, *, label: str | None = None) -> Completion:
         """DMA the TCM handle ``src`` back to the HBM handle ``dst``; returns its completion.
 
         Raises:
-            ValidationError: wrong spaces, or shapes/dtypes that differ (a DMA does not convert).
+            ValidationError: wrong spaces, handles not of this run, or shapes/dtypes that differ
+                (a DMA does not convert).
         """
         if not _is_handle(src) or src.space != Space.TCM:
             raise ValidationError(f"tl.store: source must be a TCM handle, got {src!r}.")
         if not _is_handle(dst) or dst.space != Space.HBM:
             raise ValidationError(f"tl.store: destination must be a HBM handle, got {dst!r}.")
+        self._own(src, "tl.store source")
+        self._own(dst, "tl.store destination")
         if src.shape != dst.shape or src.dtype != dst.dtype:
             raise ValidationError(f"tl.store {src.name} -> {dst.name}: shapes/dtypes differ "
                                   f"({src.shape} {src.dtype} vs {dst.shape} {dst.dtype}); a DMA copies bytes, "
                                   f"so allocate the destination with the same shape and dtype.")
-        return self._emit(DmaCmd(self._next(), src, dst, label or f"dma_store {src.name}", self._iter))
+        return self._emit(DmaCmd(self._next(), src, dst, self._label(label, f"dma_store {src.name}"), self._iter))
 
     def wait(self, completion: Completion) -> None:
-        """Stall PE_CPU (before the next command) until ``completion``'s command has completed."""
-        if not isinstance(completion, Completion) or not 0 <= completion.cmd < len(self.commands):
+        """Stall PE_CPU (before the next command) until ``completion``'s command has completed.
+
+        A hand-built ``Completion(k)`` means command k of this run.
+
+        Raises:
+            ValidationError: not a Completion, one handed out by another run, or a command not yet emitted.
+        """
+        if not isinstance(completion, Completion):
             raise ValidationError(f"tl.wait expects the Completion of an emitted command, got {completion!r}.")
-        self.waits.append((len(self.commands), completion.cmd))
+        if completion.origin is not None and completion.origin is not self._token:
+            raise ValidationError(f"tl.wait: {completion!r} was returned by another run (or another kernel "
+                                  f"context); a completion means a command of the run that emitted it. Wait on "
+                                  f"a command of this kernel.")
+        k = completion.cmd
+        if not _is_int(k) or not 0 <= k < len(self.commands):
+            raise ValidationError(f"tl.wait: {completion!r} names no emitted command (this run has emitted "
+                                  f"{len(self.commands)}); wait on an earlier command's Completion.")
+        self.waits.append((len(self.commands), int(k)))
 
     # --- composites ---------------------------------------------------------------------
     def composite(self, op: str | None = None, *, a: Handle | None = None, b: Handle | None = None,
                   c: Handle | None = None, out: Handle | None = None, trans_b: bool = False,
                   math_op: str | None = None, value: float | None = None, factor: float | None = None,
-                  prologue: Sequence[Mapping[str, Any]] = (), epilogue: Sequence[Mapping[str, Any]] = (),
-                  ops: Sequence[OpSpec] | None = None, rw_handles: Sequence[Handle] = (),
+                  prologue: Sequence[Mapping[str, Any]] | None = (),
+                  epilogue: Sequence[Mapping[str, Any]] | None = (),
+                  ops: Sequence[OpSpec] | None = None, rw_handles: Sequence[Handle] | None = (),
                   label: str | None = None) -> Completion:
         """Emit one composite command; returns its :class:`Completion`.
 
         Legacy form: ``op="gemm"`` (``a``, ``b``, ``out``, ``trans_b``) or
         ``op="math"`` (``math_op``, ``a``/``b``/``c``, ``out``, ``value``/``factor``),
-        with ``prologue=[...]`` (recipes or KERNEL-scope MATH ops) and
+        with ``prologue=[...]`` (a recipe or KERNEL-scope MATH ops) and
         ``epilogue=[...]`` (dicts with ``"op"`` and an optional ``"scope"``).
-        Flat form: ``ops=[OpSpec, ...]``. Both lower to the same CompositeCmd.
+        ``op="math"`` with a recipe in ``prologue`` and no ``math_op`` is a
+        MATH-only composite made of the recipe alone. Flat form:
+        ``ops=[OpSpec, ...]``, where an OpSpec whose kind names a recipe is
+        expanded in place. Both lower to the same CompositeCmd. ``None`` for
+        any keyword means "not given". If a recipe has a primary output, the
+        completion's ``primary_out`` is that (pinned TCM) handle.
 
         Raises:
-            ValidationError: any invariant of DESIGN.md §3 is broken.
+            ValidationError: any invariant of DESIGN.md §3 is broken, a scalar is
+                not a real number, or a handle is not valid in this run.
         """
-        if op == "math" and ops is None and not prologue and not epilogue and not rw_handles:
-            # The common single-op MATH command: a loop emits the same one on the same handles
-            # every tile. Reuse its (validated) op tuple; the scheduler then reuses its plan too.
-            if trans_b:
-                raise ValidationError("tl.composite(op='math') takes no trans_b (it is a GEMM option).")
-            key = (math_op, id(a), id(b), id(c), id(out), value, factor)
-            hit = self._math_ops.get(key)
-            if hit is not None and hit[1] is a and hit[2] is b and hit[3] is c and hit[4] is out:
-                flat = hit[0]
-            else:
-                flat = _math_head_across_runs(math_op, a, b, c, out, value, factor, len(self.commands))
-                self._math_ops[key] = (flat, a, b, c, out)  # holding the handles keeps their ids unique
-            return self._emit_composite(flat, (), (), label)
-        gemm_key = None
-        if op == "gemm" and ops is None and not self._scopes and c is None and math_op is None \
-                and value is None and factor is None:
-            # A loop emits the same GEMM composite every tile with only b (the K/V slice) new.
-            # Everything but the GEMM op itself (recipe expansion, epilogue ops, rw handles,
-            # scratch) depends on the other arguments, so reuse it and build just the GEMM op.
-            try:
-                gemm_key = (id(a), id(out), bool(trans_b), tuple([tuple(e.items()) for e in prologue]),
-                            tuple([tuple(e.items()) for e in epilogue]), tuple(rw_handles))
-                hit = self._gemm_calls.get(gemm_key)
-                if hit is None:
-                    hit = self._gemm_from_earlier_run(gemm_key, a, out)
-            except (TypeError, AttributeError):  # unhashable or malformed entries: the full path says why
-                gemm_key = hit = None
-            if hit is not None and hit[0] is a and hit[1] is out:
-                _, _, pre, post, rw, scratch, prev = hit
-                head = prev._with_operand("b", b) if b.__class__ is Handle else None
-                if head is not None and head.signature is prev.signature:
-                    flat = pre + (head,) + post  # same signature as the validated op tuple
-                else:
-                    flat = pre + (_gemm_spec(prev.operands["a"], b, out, trans_b, None),) + post
-                    validate_ops(flat, where=len(self.commands))
-                return self._emit_composite(flat, rw, scratch, label)
+        where = f"command #{len(self.commands)}"
+        label = self._label(label, None)
+        prologue = () if prologue is None else prologue
+        epilogue = () if epilogue is None else epilogue
+        rw_handles = () if rw_handles is None else rw_handles
+        for what, seq in (("prologue", prologue), ("epilogue", epilogue), ("rw_handles", rw_handles)):
+            _check_list(seq, f"tl.composite: {what}=")
+        if trans_b is None:
+            trans_b = False
         if ops is not None:
             given = [k for k, v in dict(op=op, a=a, b=b, c=c, out=out, math_op=math_op, value=value,
                                          factor=factor).items() if v is not None]
             if given or prologue or epilogue or trans_b:
-                raise ValidationError(f"tl.composite: the flat form ops=[...] takes no {', '.join(given) or 'prologue/epilogue/trans_b'}; "
-                                      f"put everything into the OpSpecs.")
-            flat = tuple(ops)
-            for i, o in enumerate(flat):
-                if not isinstance(o, OpSpec):
-                    raise ValidationError(f"tl.composite(ops=...): item {i} is {type(o).__name__}, not an OpSpec.")
-            scratch: tuple[Handle, ...] = ()
-            rw = tuple(rw_handles)
+                raise ValidationError(f"tl.composite: the flat form ops=[...] takes no "
+                                      f"{', '.join(given) or 'prologue/epilogue/trans_b'}; put everything into the "
+                                      f"OpSpecs.")
+            flat, rw, scratch, primary, notes = self._lower_flat(ops, rw_handles, where)
         else:
-            self._last_expansion_key = None
-            flat, rw, scratch = self._lower_legacy(op, a, b, c, out, trans_b, math_op, value, factor,
-                                                   prologue, epilogue, tuple(rw_handles))
-        validate_ops(flat, where=len(self.commands))
-        if gemm_key is not None:
-            g = [o.kind for o in flat].index("gemm")
-            # holding a and out keeps their ids unique while the entry lives
-            entry = (a, out, flat[:g], flat[g + 1:], rw, scratch, flat[g])
-            self._gemm_calls[gemm_key] = entry
-            exp_key = self._last_expansion_key
-            if not scratch or exp_key is not None:  # recipe scratch only if its allocation can be replayed
-                _remember(_GEMM_LOWERINGS, (a, out) + gemm_key[2:], entry[2:] + (exp_key,))
-        return self._emit_composite(flat, rw, scratch, label)
+            flat, rw, scratch, primary, notes = self._lower_legacy(op, a, b, c, out, trans_b, math_op, value,
+                                                                   factor, prologue, epilogue, rw_handles, where)
+        for h in rw:
+            if not _is_handle(h):
+                raise ValidationError(f"{where}: rw_handles holds {h!r}, which is not a tensor handle.")
+            self._own(h, f"{where} rw_handles")
+        self._check_ops(flat, where)
+        _validate_ops(flat, where, notes)
+        return self._emit(CompositeCmd(Completion(len(self.commands), primary, self._token), flat, rw, True,
+                                       scratch, label if label is not None else "+".join(o.kind for o in flat),
+                                       self._iter))
 
     # --- internals ----------------------------------------------------------------------
-    def _gemm_from_earlier_run(self, gemm_key: tuple, a: Handle | None, out: Handle | None) -> tuple | None:
-        """A GEMM composite lowered by an earlier run on equal handles, made this run's (or None).
+    def _own(self, h: Handle, where: str) -> None:
+        """Refuse ``h`` unless this run's memories made it and its scratch scope (if any) is still open."""
+        arena = self.hbm if h.space is Space.HBM else self.tcm
+        o = h.origin
+        if o is None or o.arena is not arena or not o.alive:
+            raise ValidationError(f"{where}: {arena.check(h)}")
 
-        Its recipe scratch, if any, is allocated again at the same addresses
-        (``_replay_expansion``); when the TCM differs the call takes the full path.
-        """
-        cached = _GEMM_LOWERINGS.get((a, out) + gemm_key[2:])
-        if cached is None:
-            return None
-        pre, post, rw, scratch, head, exp_key = cached
-        if exp_key is not None and self._replay_expansion(exp_key) is None:
-            return None
-        entry = (a, out, pre, post, rw, scratch, head)
-        self._gemm_calls[gemm_key] = entry
-        return entry
+    def _check_ops(self, flat: tuple[OpSpec, ...], where: str) -> None:
+        for i, o in enumerate(flat):
+            for h in o.operands.values():
+                if _is_handle(h):
+                    self._own(h, f"{where} op {i} ({o.kind})")
+            if _is_handle(o.out):
+                self._own(o.out, f"{where} op {i} ({o.kind})")
+
+    def _name(self, h: Handle) -> None:
+        """Record ``h`` under its name for ``Run.read``; handles whose scope closed are dropped on the way."""
+        same = self.names.get(h.name)
+        if same is None:
+            self.names[h.name] = [h]
+        else:
+            same[:] = [x for x in same if x.origin is None or x.origin.alive]
+            same.append(h)
 
     def _next(self) -> Completion:
-        return Completion(len(self.commands))
+        return Completion(len(self.commands), None, self._token)
 
-    def _emit_composite(self, flat: tuple[OpSpec, ...], rw: tuple[Handle, ...], scratch: tuple[Handle, ...],
-                        label: str | None) -> Completion:
-        """Append a composite over the (validated) op tuple ``flat``; its label defaults to the op kinds."""
-        return self._emit(CompositeCmd(self._next(), flat, rw, True, scratch,
-                                       label if label is not None else "+".join(o.kind for o in flat), self._iter))
+    @staticmethod
+    def _label(label: Any, default: str | None) -> str | None:
+        if label is None:
+            return default
+        if not isinstance(label, str):
+            raise ValidationError(f"label= must be a string, got {label!r}.")
+        return label
 
     def _emit(self, cmd: Command) -> Completion:
         self.commands.append(cmd)
         return cmd.completion
 
-    def _lower_legacy(self, op, a, b, c, out, trans_b, math_op, value, factor, prologue, epilogue, rw):
+    def _lower_flat(self, ops: Sequence[OpSpec], rw_handles: Sequence[Handle], where: str):
+        _check_list(ops, "tl.composite(ops=...): ops")
+        flat: list[OpSpec] = []
+        rw: list[Handle] = []
+        scratch: tuple[Handle, ...] = ()
+        primary: Handle | None = None
+        binds: str | None = None  # the head-GEMM port the recipe's primary output binds to
+        notes: dict[int, str] = {}
+        for i, o in enumerate(ops):
+            if not isinstance(o, OpSpec):
+                raise ValidationError(f"tl.composite(ops=...): item {i} is {type(o).__name__}, not an OpSpec.")
+            rd = RECIPE_DESCRIPTORS.get(o.kind)
+            if rd is not None:
+                if scratch:
+                    raise ValidationError(f"{where}: only one recipe per composite is supported (op {i}).")
+                if o.out is not None:
+                    raise ValidationError(f"{where} op {i}: recipe {o.kind!r} writes its own scratch; give it no out=.")
+                entry = {"scope": o.scope, **o.operands, **o.extra}
+                specs, r_rw, scratch, primary = self._expand_recipe(rd, entry, f"{where} op {i}")
+                notes.update(_recipe_notes(rd, f"ops[{i}]", len(flat)))
+                flat += specs
+                rw += r_rw
+                binds = rd.primary_out.binds if rd.primary_out is not None else None
+                continue
+            if o.kind == "gemm" and binds is not None and binds not in o.operands:
+                # the flat form of the auto-binding: a GEMM after the recipe that leaves the port open
+                o = OpSpec(o.kind, o.scope, {binds: primary, **o.operands}, o.extra, o.out)
+            flat.append(o)
+        rw += [h for h in rw_handles if h not in rw]
+        return tuple(flat), tuple(rw), scratch, primary, notes
+
+    def _lower_legacy(self, op, a, b, c, out, trans_b, math_op, value, factor, prologue, epilogue, rw, where):
         if op not in ("gemm", "math"):
             raise ValidationError(f"tl.composite: op={op!r}; use op='gemm' or op='math', or the flat form ops=[...].")
         pre: list[OpSpec] = []
-        scratch: list[Handle] = []
+        scratch: tuple[Handle, ...] = ()
         recipe_rw: list[Handle] = []
-        bound: dict[str, Handle] = {}
+        primary: Handle | None = None
+        binds: str | None = None
+        notes: dict[int, str] = {}
         for i, entry in enumerate(prologue):
-            name = _entry_kind(entry, f"prologue[{i}]")
-            if name in RECIPE_DESCRIPTORS:
-                if recipe_rw or bound:
+            kind = _entry_kind(entry, f"prologue[{i}]")
+            rd = RECIPE_DESCRIPTORS.get(kind)
+            if rd is not None:
+                if scratch:
                     raise ValidationError(f"prologue[{i}]: only one recipe per composite is supported.")
-                r_ops, r_rw, r_scratch, r_bound = self._expand_recipe(RECIPE_DESCRIPTORS[name], entry, op,
-                                                                     dict(a=a, b=b, c=c))
-                pre += r_ops
-                recipe_rw += r_rw
-                scratch += r_scratch
-                bound = r_bound
+                specs, recipe_rw, scratch, primary = self._expand_recipe(rd, entry, f"{where} prologue[{i}]")
+                notes.update(_recipe_notes(rd, f"prologue[{i}]", len(pre)))
+                pre += specs
+                binds = rd.primary_out.binds if rd.primary_out is not None else None
+                prologue_recipe = rd.name
             else:
                 spec = _entry_op(entry, f"prologue[{i}]", default_scope=Scope.KERNEL)
                 if spec.scope is not Scope.KERNEL:
-                    raise ValidationError(f"prologue[{i}] {name!r}: prologue ops run once before the tile loop; "
+                    raise ValidationError(f"prologue[{i}] {kind!r}: prologue ops run once before the tile loop; "
                                           f"drop scope={spec.scope.value!r} (or use 'kernel').")
                 pre.append(spec)
-        a = bound.get("a", a)
+        head: OpSpec | None
         if op == "gemm":
             if math_op is not None or value is not None or factor is not None:
                 raise ValidationError("tl.composite(op='gemm'): math_op/value/factor belong to op='math' "
                                       "(use an epilogue {'op': 'scale', 'factor': f} to scale a GEMM).")
+            if primary is not None and binds is not None:
+                given = {"a": a, "b": b}.get(binds)
+                if given is not None:
+                    raise ValidationError(f"{where}: recipe {prologue_recipe!r} binds the head GEMM's {binds} to its "
+                                          f"primary output {primary.name}, but the call also gives "
+                                          f"{binds}={getattr(given, 'name', given)} (ADR-0065 D6.6). Omit {binds}=, "
+                                          f"or drop the recipe.")
+                if binds == "a":
+                    a = primary
+                else:
+                    b = primary
             head = _gemm_spec(a, b, out, trans_b, c)
         else:
-            head = _math_head(math_op, a, b, c, out, value, factor)
+            if trans_b:
+                raise ValidationError("tl.composite(op='math') takes no trans_b (it is a GEMM option).")
+            if math_op is None:
+                if not scratch:
+                    raise ValidationError(f"{where}: tl.composite(op='math') needs math_op=..., or a recipe in "
+                                          f"prologue=[...] to make a MATH-only composite of the recipe alone.")
+                extra_args = [n for n, v in (("a", a), ("b", b), ("c", c), ("out", out), ("value", value),
+                                             ("factor", factor)) if v is not None]
+                if extra_args:
+                    raise ValidationError(f"{where}: a MATH-only recipe composite is the recipe's ops alone; it takes "
+                                          f"no {', '.join(extra_args)} (give math_op= for a head op).")
+                head = None
+            else:
+                head = _math_head(math_op, a, b, c, out, value, factor)
         default_scope = Scope.OUTPUT_TILE if op == "gemm" else Scope.KERNEL
-        post = [self._epilogue_op(e, i, default_scope) for i, e in enumerate(epilogue)]
+        post = [_entry_op(e, f"epilogue[{i}]", default_scope) for i, e in enumerate(epilogue)]
+        flat = tuple(pre) + ((head,) if head is not None else ()) + tuple(post)
         rw_all = tuple(recipe_rw) + tuple(h for h in rw if h not in recipe_rw)
-        return tuple(pre) + (head,) + tuple(post), rw_all, tuple(scratch)
+        return flat, rw_all, scratch, primary, notes
 
-    def _epilogue_op(self, entry: Mapping[str, Any], i: int, default_scope: Scope) -> OpSpec:
-        """The OpSpec of an epilogue entry; loops and later runs repeat equal entries, so they are cached."""
-        try:
-            key = (default_scope._value_, tuple(entry.items()))
-            op = _ENTRY_OPS.get(key)
-        except (TypeError, AttributeError):  # unhashable or not a dict: _entry_op says what is wrong
-            key = op = None
-        if op is None:
-            op = _entry_op(entry, f"epilogue[{i}]", default_scope)
-            if key is not None:
-                _remember(_ENTRY_OPS, key, op)
-        return op
-
-    def _expand_recipe(self, rd: RecipeDescriptor, entry: Mapping[str, Any], op: str | None,
-                       head_kwargs: dict[str, Handle | None]):
-        where = f"recipe {rd.name!r}"
+    def _expand_recipe(self, rd: RecipeDescriptor, entry: Mapping[str, Any], where: str):
+        """Expand one recipe entry: ``(ops, rw handles, scratch handles, primary output or None)``."""
+        where = f"{where}: recipe {rd.name!r}"
+        if entry.get("scope", "kernel") not in ("kernel", Scope.KERNEL):
+            raise ValidationError(f"{where}: a recipe runs once before the tile loop; drop scope=.")
         given = {k: v for k, v in entry.items() if k not in ("op", "scope")}
-        # A loop expands the same recipe on the same handles again and again; with
-        # kernel-scope scratch the result is identical, so reuse it.
-        key = None
-        if not self._scopes:
-            try:
-                key = (rd.name, op, tuple(given.items()), tuple(k for k, v in head_kwargs.items() if v is not None))
-                self._last_expansion_key = key
-                hit = self._recipe_expansions.get(key)
-            except TypeError:  # something unhashable: the checks below will name it
-                key = hit = None
-            if hit is not None:
-                return hit
-            hit = self._replay_expansion(key)
-            if hit is not None:
-                return hit
         missing = [n for n in rd.operands if n not in given]
-        extra = [n for n in given if n not in rd.operands]
-        if missing or extra:
+        unknown = [n for n in given if n not in rd.operands and n not in rd.params]
+        if missing or unknown:
             parts = []
             if missing:
                 parts.append(f"missing operand(s) {', '.join(missing)}")
-            if extra:
-                parts.append(f"unknown operand(s) {', '.join(extra)}")
-            raise ValidationError(f"{where}: {'; '.join(parts)}. It takes exactly "
-                                  f"{', '.join(f'{n} ({r})' for n, r in rd.operands.items())}.")
-        if entry.get("scope", "kernel") not in ("kernel", Scope.KERNEL):
-            raise ValidationError(f"{where}: a recipe runs once before the tile loop; drop scope=.")
+            if unknown:
+                parts.append(f"unknown operand(s) {', '.join(map(str, unknown))}")
+            params = (f"; params {', '.join(f'{p} (default {d})' for p, d in rd.params.items())}"
+                      if rd.params else "")
+            raise ValidationError(f"{where}: {'; '.join(parts)}. It takes operands "
+                                  f"{', '.join(f'{n} ({r})' for n, r in rd.operands.items())}{params}.")
+        operands: dict[str, Handle] = {}
         for n, role in rd.operands.items():
             h = given[n]
             if not _is_handle(h):
                 raise ValidationError(f"{where}: operand {n!r} must be a tensor handle, got {h!r}.")
-            if role == "RW" and not (h.space == Space.TCM and h.pinned):
-                raise ValidationError(f"{where}: operand {n}={h.name} has role RW (read and written in place) but "
-                                      f"is not writable TCM scratch ({h.space.value}); pass a tl.alloc/tl.full handle.")
+            self._own(h, f"{where} operand {n!r}")
             if h.space != Space.TCM:
-                raise ValidationError(f"{where}: operand {n}={h.name} is in HBM; recipe operands must be in TCM "
-                                      f"(ADR-0065 D6.2/D6.7). tl.load it first, or allocate it with tl.alloc.")
-        for n, role in rd.operands.items():
-            if role != "RW":
-                continue
+                raise ValidationError(f"{where}: operand {n}={h.name} is in HBM (a {role} operand); recipe operands must "
+                                      f"be in TCM (ADR-0065 D6.2/D6.7). tl.load it first, or allocate it with tl.alloc.")
+            operands[n] = h
+        for n in rd.rw_operands:
             for other in rd.operands:
-                if other != n and given[n].overlaps(given[other]):
-                    raise ValidationError(f"{where}: RW operand {n}={given[n].name} aliases operand "
-                                          f"{other}={given[other].name}; writing {n} in place would clobber it. "
+                if other != n and operands[n].overlaps(operands[other]):
+                    raise ValidationError(f"{where}: RW operand {n}={operands[n].name} aliases operand "
+                                          f"{other}={operands[other].name}; writing {n} in place would clobber it. "
                                           f"Give each operand its own buffer.")
-        po = rd.primary_out
-        if po is not None:
-            if op != "gemm":
-                raise ValidationError(f"{where} has a primary output ({po.name}) for a head GEMM to consume; "
-                                      f"use it with op='gemm'.")
-            if head_kwargs.get(po.binds) is not None:
-                raise ValidationError(f"{where}: the head GEMM was given {po.binds}={head_kwargs[po.binds].name}, "
-                                      f"but the recipe binds {po.binds} to its primary output {po.name} "
-                                      f"(ADR-0065 D6.6). Omit {po.binds}=, or drop the recipe.")
-        state = self._tcm_state()
-        scratch = self._recipe_scratch_for(rd, given)
-        env: dict[str, Handle] = dict(given)
-        env.update(scratch)
+        params: dict[str, Any] = {}
+        for p, default in rd.params.items():
+            v = given.get(p, default)
+            if v is None and p not in given:
+                raise ValidationError(f"{where}: param {p!r} has no default; pass it, e.g. {{..., {p!r}: 1e-6}}.")
+            check_scalar(where, p, v)
+            params[p] = v
+        scratch = self._recipe_scratch_for(rd, operands)
+        env: dict[str, Handle] = {**operands, **scratch}
         specs = []
         for step in rd.engine_seq:
-            info = OPS[step.kind]
-            operands = {port: env[src] for port, src in zip(info.operands, step.srcs)}
-            specs.append(OpSpec(step.kind, Scope.KERNEL, operands, {}, env[step.dst]))
-        rw = [given[n] for n in rd.rw_operands]
-        bound = {po.binds: scratch[po.name]} if po is not None else {}
-        result = (specs, rw, list(scratch.values()), bound)
-        if key is not None:
-            self._recipe_expansions[key] = result
-            if state is not None:
-                _remember(_EXPANSIONS, key + state, (result, self._last_scratch_key, scratch))
-        return result
+            info = OPS.get(step.kind)
+            if info is None or info.kind == "gemm" or len(step.srcs) != len(info.operands):
+                raise ValidationError(f"{where}: step {step!r} is not a MATH op of the op table with "
+                                      f"{len(step.srcs)} operand(s); fix the recipe descriptor.")
+            extra = {k: params[v] if isinstance(v, str) else v for k, v in step.scalars.items()}
+            specs.append(OpSpec(step.kind, Scope.KERNEL, dict(zip(info.operands, (env[s] for s in step.srcs))),
+                                extra, env[step.dst]))
+        rw = [operands[n] for n in rd.rw_operands]
+        primary = scratch[rd.primary_out.name] if rd.primary_out is not None else None
+        return specs, rw, tuple(scratch.values()), primary
 
-    # A new run expands the same recipe on equal handles (same names, addresses, shapes) into an
-    # equally empty TCM: the expansion, checks included, comes out the same, and only its scratch
-    # allocations have to happen again. _EXPANSIONS keeps it across runs keyed by everything it
-    # depends on, and a hit re-allocates the recorded scratch at the recorded addresses.
-    def _tcm_state(self) -> tuple | None:
-        tcm = self.mem.tcm
-        return None if self._scopes else (len(self._recipe_scratch), tcm.top, tcm.capacity)
+    def _recipe_scratch_for(self, rd: RecipeDescriptor, operands: Mapping[str, Handle]) -> dict[str, Handle]:
+        """The recipe's scratch: fresh in the innermost open scratch scope, else a kernel-scope set.
 
-    def _replay_expansion(self, key: tuple) -> tuple | None:
-        """The expansion an earlier run recorded for ``key`` in this TCM state, made this run's, or None."""
-        state = self._tcm_state()
-        cached = _EXPANSIONS.get(key + state) if state is not None else None
-        if cached is None:
-            return None
-        result, scratch_key, scratch = cached
-        existing = self._recipe_scratch.get(scratch_key)
-        if existing is not None:  # the expansion reused scratch this run already holds
-            if existing != scratch:
-                return None
-        else:
-            if not self.mem.tcm.adopt(list(scratch.values())):
-                return None
-            for h in scratch.values():
-                self.names[h.name] = h
-            self._recipe_scratch[scratch_key] = scratch
-        self._recipe_expansions[key] = result
-        return result
-
-    def _recipe_scratch_for(self, rd: RecipeDescriptor, given: Mapping[str, Handle]) -> dict[str, Handle]:
-        """Allocate the recipe's scratch in the active scratch scope, or reuse a kernel-scope set.
-
-        Kernel-scope scratch is allocated once per (recipe, RW operands, operand
-        shapes), so a loop does not grow the TCM; composites sharing it also
-        share their RW operands and are therefore serialized by the hazard rules.
+        Kernel-scope scratch is allocated once per (recipe, RW operand
+        addresses, operand shapes and dtypes), so a loop does not grow the TCM.
+        Composites sharing it are ordered by the hazard rules: scratch counts
+        as written by every composite that expands the recipe (DESIGN.md §5).
         """
-        key = (rd.name,) + tuple((n, h.addr if rd.operands[n] == "RW" else -1, h.shape, h.dtype)
-                                 for n, h in given.items())
-        self._last_scratch_key = key
-        if not self._scopes and key in self._recipe_scratch:
-            return self._recipe_scratch[key]
-        shapes: dict[str, tuple[tuple[int, ...], str]] = {
-            n: (given[like].shape, given[like].dtype) for n, like in rd.scratch_like.items()}
-        if rd.primary_out is not None:
-            po = rd.primary_out
-            shapes[po.name] = (given[po.from_shape].shape, given[po.from_dtype].dtype)
-        tag = len(self._recipe_scratch) if not self._scopes else f"s{len(self.commands)}"
-        scratch = {n: self.alloc(shape, dtype, name=f"{rd.name}{tag}.{n}") for n, (shape, dtype) in shapes.items()}
+        dtypes = frozenset(DTYPES)
+        if self._scopes:
+            tag: object = f"s{len(self.commands)}"
+        else:
+            key = (rd.name,) + tuple((n, h.addr if rd.operands[n] == "RW" else -1, h.shape, h.dtype)
+                                     for n, h in operands.items())
+            hit = self._recipe_scratch.get(key)
+            if hit is not None:
+                return hit
+            tag = len(self._recipe_scratch)
+        scratch = {}
+        for s in rd.scratch:
+            shape, dtype = s.resolve(operands, dtypes)
+            scratch[s.name] = self.alloc(shape, dtype, name=f"{rd.name}{tag}.{s.name}")
         if not self._scopes:
             self._recipe_scratch[key] = scratch
         return scratch
+
+
+def _recipe_notes(rd: RecipeDescriptor, entry: str, first: int) -> dict[int, str]:
+    """How validation names the ops a recipe expanded into (flat index -> note)."""
+    return {first + k: f"step {k + 1} of recipe {rd.name!r} in {entry}" for k in range(len(rd.engine_seq))}
+
+
+def _check_list(seq: Any, what: str) -> None:
+    if seq.__class__ is list or seq.__class__ is tuple:
+        return
+    if isinstance(seq, (str, bytes, Mapping)) or not isinstance(seq, Sequence):
+        raise ValidationError(f"{what} must be a list, got {type(seq).__name__} {seq!r}"
+                              + ("; wrap the dict in a list: [{...}]." if isinstance(seq, Mapping) else "."))
 
 
 class _Iteration:
@@ -459,7 +540,10 @@ def _entry_kind(entry: Any, where: str) -> str:
     if not isinstance(entry, Mapping) or "op" not in entry:
         raise ValidationError(f"{where}: expected a dict with an 'op' key, e.g. {{'op': 'scale', 'factor': 0.5}}; "
                               f"got {entry!r}.")
-    return entry["op"]
+    kind = entry["op"]
+    if not isinstance(kind, str):
+        raise ValidationError(f"{where}: 'op' must name an op or recipe (a string), got {kind!r}.")
+    return kind
 
 
 def _entry_op(entry: Any, where: str, default_scope: Scope) -> OpSpec:
@@ -469,6 +553,7 @@ def _entry_op(entry: Any, where: str, default_scope: Scope) -> OpSpec:
     if kind not in OPS or kind == "gemm":
         raise ValidationError(f"{where}: unknown op {kind!r}; MATH ops are {', '.join(k for k in OPS if k != 'gemm')} "
                               f"and recipes are {', '.join(RECIPE_DESCRIPTORS)}.")
+    info = OPS[kind]
     scope = _scope(entry.get("scope", default_scope), where)
     operands: dict[str, Handle] = {}
     extra: dict[str, Any] = {}
@@ -478,7 +563,7 @@ def _entry_op(entry: Any, where: str, default_scope: Scope) -> OpSpec:
             continue
         if key == "out":
             out = val
-        elif key in _SCALAR_KEYS:
+        elif key in info.shipped:
             extra[key] = val
         else:
             operands[key] = val
@@ -488,6 +573,8 @@ def _entry_op(entry: Any, where: str, default_scope: Scope) -> OpSpec:
 def _gemm_spec(a, b, out, trans_b, c) -> OpSpec:
     if c is not None:
         raise ValidationError("tl.composite(op='gemm') takes a, b and out; c= is for op='math'.")
+    if not isinstance(trans_b, (bool, np.bool_)):
+        raise ValidationError(f"tl.composite(op='gemm'): trans_b must be True or False, got {trans_b!r}.")
     for n, h in (("a", a), ("b", b), ("out", out)):
         if not _is_handle(h):
             raise ValidationError(f"tl.composite(op='gemm'): {n}= must be a tensor handle, got {h!r}.")
@@ -499,7 +586,7 @@ def _gemm_spec(a, b, out, trans_b, c) -> OpSpec:
 
 
 def _math_head(math_op, a, b, c, out, value, factor) -> OpSpec:
-    if math_op not in OPS or math_op == "gemm":
+    if not isinstance(math_op, str) or math_op not in OPS or math_op == "gemm":
         raise ValidationError(f"tl.composite(op='math'): math_op={math_op!r} is unknown; use one of "
                               f"{', '.join(k for k in OPS if k != 'gemm')}.")
     info = OPS[math_op]
@@ -509,76 +596,22 @@ def _math_head(math_op, a, b, c, out, value, factor) -> OpSpec:
                               f"({', '.join(info.operands) or 'none'}) passed as a=, b=, c=; got "
                               f"{', '.join(n for n, _ in given) or 'none'}.")
     operands = {port: h for port, (_, h) in zip(info.operands, given)}
-    extra: dict[str, Any] = {}
-    for key, val in (("value", value), ("factor", factor)):
-        if val is not None:
-            extra[key] = val
+    extra = {key: val for key, val in (("value", value), ("factor", factor)) if val is not None}
     return OpSpec(math_op, Scope.KERNEL, operands, extra, out)
 
 
-# --- caches that outlive a run ------------------------------------------------------------------
-#: Lowered MATH heads, epilogue entries, GEMM composites and recipe expansions by value (handles
-#: compare by name, space, address, shape, dtype): a kernel run again emits equal ops on equal
-#: handles. Bounded: cleared when full.
-_MATH_HEADS: dict[tuple, tuple[OpSpec, ...]] = {}
-_ENTRY_OPS: dict[tuple, OpSpec] = {}
-_GEMM_LOWERINGS: dict[tuple, tuple] = {}
-_EXPANSIONS: dict[tuple, tuple] = {}
-_MAX_ENTRIES = 4096
-
-
-def _remember(cache: dict, key: tuple, value: object) -> None:
-    if len(cache) >= _MAX_ENTRIES:
-        cache.clear()
-    cache[key] = value
-
-
-def _math_head_across_runs(math_op, a, b, c, out, value, factor, where: int) -> tuple[OpSpec, ...]:
-    """The validated one-op tuple of a MATH command, shared with earlier runs on equal handles."""
-    try:
-        key = (math_op, a, b, c, out, value, factor)
-        flat = _MATH_HEADS.get(key)
-    except TypeError:  # an unhashable argument: the checks below say what is wrong
-        key = flat = None
-    if flat is None:
-        flat = (_math_head(math_op, a, b, c, out, value, factor),)
-        validate_ops(flat, where=where)
-        if key is not None:
-            _remember(_MATH_HEADS, key, flat)
-    return flat
-
-
 # --- validation (shared by both forms) ----------------------------------------------------------
-def _signature(ops: tuple[OpSpec, ...]) -> tuple | None:
-    """Everything validity depends on (``OpSpec.signature`` of every op), or None."""
-    sig = tuple(o.signature for o in ops)
-    return None if None in sig else sig
-
-
-#: Signatures of op lists that passed validation: a loop emits the same shapes again and again.
-_VALID_SIGNATURES: set[tuple] = set()
-
-
 def validate_ops(ops: tuple[OpSpec, ...], where: str | int = "composite") -> None:
-    """Check a flat op list against DESIGN.md §3 invariants.
-
-    Validity depends only on the ops' signature (kinds, scopes, operand
-    spaces/shapes/dtypes, scalars), so a signature that passed once is not
-    checked again. A check that depends on addresses (aliasing, say) does not
-    belong here: it would be skipped on a cache hit.
+    """Check a flat op list against DESIGN.md §3 invariants and §2's scalar rules.
 
     Raises:
         ValidationError: naming the op (position and kind), the operand and the fix.
     """
-    sig = _signature(ops)
-    if sig is not None and sig in _VALID_SIGNATURES:
-        return
     _validate_ops(ops, f"command #{where}" if isinstance(where, int) else where)
-    if sig is not None:
-        _VALID_SIGNATURES.add(sig)
 
 
-def _validate_ops(ops: tuple[OpSpec, ...], where: str) -> None:
+def _validate_ops(ops: tuple[OpSpec, ...], where: str, notes: Mapping[int, str] | None = None) -> None:
+    """:func:`validate_ops`; ``notes`` says where an op came from (a recipe step), for the messages."""
     if not ops:
         raise ValidationError(f"{where}: a composite needs at least one op.")
     gemms = [i for i, o in enumerate(ops) if o.kind == "gemm"]
@@ -588,35 +621,46 @@ def _validate_ops(ops: tuple[OpSpec, ...], where: str) -> None:
     head = gemms[0] if gemms else 0
     target: Handle | None = None
     for i, o in enumerate(ops):
-        w = f"{where} op {i} ({o.kind})"
+        w = f"{where} op {i} ({o.kind}{', ' + notes[i] if notes and i in notes else ''})"
         info = OPS.get(o.kind)
         if info is None:
-            raise ValidationError(f"{w}: unknown op kind {o.kind!r}; known kinds are {', '.join(OPS)}.")
-        missing = [n for n in info.operands if n not in o.operands]
-        unknown = [n for n in o.operands if n not in info.operands]
-        if missing or unknown:
-            raise ValidationError(f"{w}: operands {sorted(o.operands)} do not match; {o.kind} takes "
+            extra = (f"; recipes ({', '.join(RECIPE_DESCRIPTORS)}) are expanded by tl.composite"
+                     if o.kind in RECIPE_DESCRIPTORS else "")
+            raise ValidationError(f"{w}: unknown op kind {o.kind!r}; known kinds are {', '.join(OPS)}{extra}.")
+        operands = o.operands
+        if len(operands) != len(info.operands) or any(n not in operands for n in info.operands):
+            missing = [n for n in info.operands if n not in operands]
+            unknown = [n for n in operands if n not in info.operands]
+            raise ValidationError(f"{w}: operands {list(operands)} do not match; {o.kind} takes "
                                   f"{', '.join(info.operands) or 'no operands'}"
                                   + (f" (missing {', '.join(missing)})" if missing else "")
-                                  + (f" (unknown {', '.join(unknown)})" if unknown else "") + ".")
-        want_scalars = set(info.scalars)
-        if set(o.extra) != want_scalars:
-            raise ValidationError(f"{w}: scalars {sorted(o.extra)} do not match; {o.kind} takes "
-                                  f"{', '.join(info.scalars) or 'none'}.")
-        for n, h in o.operands.items():
-            if not _is_handle(h):
+                                  + (f" (unknown {', '.join(map(str, unknown))})" if unknown else "") + ".")
+        extra = o.extra
+        if len(extra) != len(info.shipped) or any(n not in extra for n in info.shipped):
+            raise ValidationError(f"{w}: scalars {list(extra)} do not match; {o.kind} takes "
+                                  f"{', '.join(info.shipped) or 'none'}.")
+        for n in info.scalars:
+            check_scalar(w, n, extra[n])
+        out = o.out
+        for n, h in operands.items():
+            if h.__class__ is not Handle and not isinstance(h, Handle):
                 raise ValidationError(f"{w}: operand {n!r} must be a tensor handle, got {h!r}.")
+            if i != head and h.space is not Space.TCM:
+                raise ValidationError(f"{w}: {'prologue' if i < head else 'epilogue'} operand {n}={h.name} is in "
+                                      f"HBM; only the head op may stream from HBM (ADR-0065 D6.7). tl.load it into "
+                                      f"TCM first.")
         if info.accumulator:
-            if o.out is not None:
+            if out is not None:
                 raise ValidationError(f"{w}: {o.kind} updates the accumulator in place and takes no out=.")
-        elif not _is_handle(o.out):
-            raise ValidationError(f"{w}: out= must be a tensor handle, got {o.out!r}.")
-        if i != head:
-            for n, h in list(o.operands.items()) + ([("out", o.out)] if o.out is not None else []):
-                if h.space != Space.TCM:
-                    role = "prologue" if i < head else "epilogue"
-                    raise ValidationError(f"{w}: {role} operand {n}={h.name} is in HBM; only the head op may "
-                                          f"stream from HBM (ADR-0065 D6.7). tl.load it into TCM first.")
+        elif not isinstance(out, Handle):
+            raise ValidationError(f"{w}: out= must be a tensor handle, got {out!r}.")
+        elif out.space is not Space.TCM and (i != head or not gemms):
+            if i != head:
+                raise ValidationError(f"{w}: {'prologue' if i < head else 'epilogue'} operand out={out.name} is in "
+                                      f"HBM; only the head op may stream from HBM (ADR-0065 D6.7). tl.load it into "
+                                      f"TCM first.")
+            raise ValidationError(f"{w}: out={out.name} is in HBM; MATH ops write TCM. Write to a tl.alloc "
+                                  f"handle and tl.store it.")
         if i < head and o.scope is not Scope.KERNEL:
             raise ValidationError(f"{w}: ops before the GEMM run once (scope 'kernel'), got {o.scope.value!r}.")
         if o.kind == "gemm":
@@ -625,26 +669,26 @@ def _validate_ops(ops: tuple[OpSpec, ...], where: str) -> None:
             if not info.accumulator:
                 raise ValidationError(f"{w}: scope {o.scope.value!r} runs on the accumulator tile, which only "
                                       f"scale and add can do; use scope 'kernel' for a post-loop op.")
-            other = o.operands.get("other")
+            other = operands.get("other")
             if other is not None and other.shape != ops[head].out.shape:
                 raise ValidationError(f"{w}: other={other.name} has shape {other.shape}, the GEMM output "
                                       f"{ops[head].out.name} has {ops[head].out.shape}; they must match.")
         else:
-            if gemms and i > head and info.accumulator and target.space != Space.TCM:
+            if gemms and i > head and info.accumulator and target.space is not Space.TCM:
                 raise ValidationError(f"{w}: post-loop {o.kind} updates {target.name} in place, but {target.name} "
                                       f"is in HBM; MATH ops work on TCM. Give the GEMM a TCM out (tl.alloc) and "
                                       f"tl.store it, or use scope 'output_tile' to {o.kind} the accumulator.")
-            _check_math(o, w, target)
-        if o.out is not None:
-            target = o.out
-        if not gemms and i == 0 and o.out is not None and o.out.space != Space.TCM:
-            raise ValidationError(f"{w}: out={o.out.name} is in HBM; MATH ops write TCM. Write to a tl.alloc "
-                                  f"handle and tl.store it.")
+            _check_math(o, w, target, info)
+        if out is not None:
+            target = out
 
 
 def _check_gemm(o: OpSpec, w: str) -> None:
     a, b, out = o.operands["a"], o.operands["b"], o.out
     M, K, N, tb = o.extra["m"], o.extra["k"], o.extra["n"], o.extra["trans_b"]
+    if not all(_is_int(x) for x in (M, K, N)) or not isinstance(tb, (bool, np.bool_)):
+        raise ValidationError(f"{w}: m, k, n must be ints and trans_b a bool; got m={M!r}, k={K!r}, n={N!r}, "
+                              f"trans_b={tb!r}.")
     if a.ndim != 2 or b.ndim != 2 or out.ndim != 2:
         raise ValidationError(f"{w}: a, b and out must be 2-D (a {a.shape}, b {b.shape}, out {out.shape}).")
     want_b = (N, K) if tb else (K, N)
@@ -654,8 +698,7 @@ def _check_gemm(o: OpSpec, w: str) -> None:
                               f"out={out.name} {out.shape} must be ({M}, {N}).")
 
 
-def _check_math(o: OpSpec, w: str, target: Handle | None) -> None:
-    info = OPS[o.kind]
+def _check_math(o: OpSpec, w: str, target: Handle | None, info) -> None:
     if info.accumulator:
         if target is None:
             raise ValidationError(f"{w}: {o.kind} updates the preceding op's output, but no earlier op has one.")
@@ -663,22 +706,42 @@ def _check_math(o: OpSpec, w: str, target: Handle | None) -> None:
         if other is not None and other.shape != target.shape:
             raise ValidationError(f"{w}: other={other.name} {other.shape} must match {target.name} {target.shape}.")
         return
-    shapes = [h.shape for h in o.operands.values()]
+    out = o.out
+    if o.kind == "fill":
+        v = float(o.extra["value"])
+        limit = DTYPE_MAX[out.dtype]
+        if math.isfinite(v) and abs(v) > limit:
+            raise ValidationError(f"{w}: value={o.extra['value']!r} overflows out={out.name}'s dtype "
+                                  f"{out.dtype} (|x| <= {limit:.6g}); it would be stored as inf.")
     if info.reduction:
         a = o.operands["a"]
         want = (a.shape[0], 1)
-        if a.ndim != 2 or o.out.shape != want:
+        if a.ndim != 2 or out.shape != want:
             raise ValidationError(f"{w}: {o.kind} reduces each row of a 2-D a={a.name} {a.shape} into out of "
-                                  f"shape {want}; out={o.out.name} is {o.out.shape}.")
+                                  f"shape {want}; out={out.name} is {out.shape}.")
         return
     if o.kind in ("mul_bcast", "div_bcast"):
         a, b = o.operands["a"], o.operands["b"]
         if b.shape not in ((a.shape[0], 1), a.shape):
             raise ValidationError(f"{w}: b={b.name} {b.shape} must be a per-row column ({a.shape[0]}, 1).")
-    try:
-        shape = np.broadcast_shapes(*shapes, o.out.shape) if shapes else o.out.shape
-    except ValueError:
-        shape = None
-    if shape != o.out.shape:
+    if _broadcast([h.shape for h in o.operands.values()] + [out.shape]) != out.shape:
         desc = ", ".join(f"{n}={h.name} {h.shape}" for n, h in o.operands.items())
-        raise ValidationError(f"{w}: operand shapes ({desc}) do not broadcast to out={o.out.name} {o.out.shape}.")
+        raise ValidationError(f"{w}: operand shapes ({desc}) do not broadcast to out={out.name} {out.shape}.")
+
+
+def _broadcast(shapes: list[tuple[int, ...]]) -> tuple[int, ...] | None:
+    """numpy's broadcast of ``shapes`` (None when they do not broadcast); small and allocation-free."""
+    first = shapes[0]
+    if all(s == first for s in shapes):
+        return first
+    nd = max(len(s) for s in shapes)
+    dims = []
+    for k in range(1, nd + 1):
+        d = 1
+        for s in shapes:
+            if len(s) >= k and s[-k] != 1:
+                if d != 1 and d != s[-k]:
+                    return None
+                d = s[-k]
+        dims.append(d)
+    return tuple(reversed(dims))

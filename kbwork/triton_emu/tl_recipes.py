@@ -3,67 +3,172 @@
 A recipe lives on the compiler side only. The PE scheduler never imports this
 module and has no recipe branches; it sees the expanded op list.
 
-To add a recipe, add a :class:`RecipeDescriptor` to ``RECIPE_DESCRIPTORS``:
-declare its operands and their roles, its scratch (each shaped like one of
-its operands), its primary output (if the head op should consume it) and its
-engine sequence.
+A :class:`RecipeDescriptor` is the whole recipe (DESIGN.md §3):
+
+* ``operands``: name -> role, ``"R"`` (read) or ``"RW"`` (read and written in
+  place; they become the command's ``rw_handles``). Every operand is TCM.
+* ``params``: scalar parameters with their defaults (``None``: required). A
+  recipe entry passes them by name (``{"op": "rmsnorm", ..., "eps": 1e-5}``);
+  they are real numbers, validated like every scalar.
+* ``scratch``: internal buffers, each a :class:`ScratchSpec` whose shape and
+  dtype derive from the operands by a declared rule.
+* ``primary_out``: the scratch buffer a head GEMM consumes (auto-bound to its
+  ``a``) and the returned ``Completion.primary_out`` names, or ``None``.
+* ``engine_seq``: the steps, each ``kind(*srcs) -> dst`` with the op's scalars
+  bound to params or constants.
+
+To add a recipe, add a descriptor to ``RECIPE_DESCRIPTORS`` (and a MATH op to
+``kbwork/pe/ops.py`` if it needs a new one). Nothing else changes: TLContext
+expands whatever is registered, the scheduler plans the flat ops, and the
+plan cache keys on flat-op signatures only.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Literal, Mapping
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping
+
+from ..errors import ValidationError
+
+_DIM = re.compile(r"^([A-Za-z_]\w*)\[(\d+)\]$")
+
+
+@dataclass(frozen=True)
+class ScratchSpec:
+    """One internal buffer of a recipe.
+
+    ``shape`` is an operand name (the buffer takes that operand's shape) or a
+    tuple of dimensions, each an int or ``"x[i]"`` (dimension ``i`` of operand
+    ``x``). ``dtype`` is a dtype name (``"fp32"``) or an operand name (that
+    operand's dtype).
+    """
+
+    name: str
+    shape: str | tuple[int | str, ...]
+    dtype: str
+
+    def resolve(self, operands: Mapping[str, Any], dtypes: frozenset[str]) -> tuple[tuple[int, ...], str]:
+        """The ``(shape, dtype)`` this buffer takes for the given operand handles."""
+        if isinstance(self.shape, str):
+            shape = tuple(operands[self.shape].shape)
+        else:
+            dims = []
+            for d in self.shape:
+                if isinstance(d, int):
+                    dims.append(d)
+                    continue
+                name, i = _DIM.match(d).groups()
+                src = operands[name].shape
+                if int(i) >= len(src):
+                    raise ValidationError(f"recipe scratch {self.name!r} takes dimension {i} of operand {name!r}, "
+                                          f"which has shape {src}.")
+                dims.append(src[int(i)])
+            shape = tuple(dims)
+        dtype = self.dtype if self.dtype in dtypes else operands[self.dtype].dtype
+        return shape, dtype
+
+    def refers_to(self) -> set[str]:
+        """The operand names the rule reads."""
+        names = {self.shape} if isinstance(self.shape, str) else {
+            _DIM.match(d).group(1) for d in self.shape if isinstance(d, str)}
+        return names
 
 
 @dataclass(frozen=True)
 class PrimaryOutSpec:
-    """The recipe's implicit output: shape and dtype derived from an operand."""
+    """The recipe's implicit output: one of its scratch buffers, auto-bound to the head GEMM's ``binds`` port."""
 
-    from_shape: str
-    from_dtype: str
-    transform: Literal["identity"] = "identity"
     name: str = "P"
-    binds: str = "a"  # the head GEMM operand it is auto-bound to
+    binds: str = "a"
 
 
 @dataclass(frozen=True)
 class EngineOp:
     """One step of a recipe: ``kind(*srcs) -> dst`` on ``engine``.
 
-    ``srcs`` and ``dst`` name recipe operands, scratch or the primary output;
-    ``srcs`` map in order onto the op's operand ports (``a``, ``b``, ``c``).
+    ``srcs`` and ``dst`` name recipe operands or scratch; ``srcs`` map in order
+    onto the op's operand ports (``a``, ``b``, ``c``). ``scalars`` binds each
+    scalar the op ships to a recipe param (by name) or a constant number.
     """
 
     engine: Literal["MATH"]
     kind: str
     srcs: tuple[str, ...]
     dst: str
+    scalars: Mapping[str, str | float] = field(default_factory=dict)
 
     def __repr__(self) -> str:
-        return f"{self.kind}({', '.join(self.srcs)}) -> {self.dst}"
+        sc = ", ".join(f"{k}={v}" for k, v in self.scalars.items())
+        return f"{self.kind}({', '.join(self.srcs + ((sc,) if sc else ()))}) -> {self.dst}"
 
 
 @dataclass(frozen=True)
 class RecipeDescriptor:
-    """What TLContext needs to validate and expand a recipe."""
+    """What TLContext needs to validate and expand a recipe (see the module docstring)."""
 
     name: str
     operands: Mapping[str, Literal["R", "RW"]]
-    primary_out: PrimaryOutSpec | None
-    tile_alignment: Literal["single_shot", "tile_aligned"]
-    scratch_like: Mapping[str, str]          # scratch name -> operand whose shape/dtype it takes
-    internal_scratch_bytes_fn: Callable[..., int]
+    scratch: tuple[ScratchSpec, ...]
     engine_seq: tuple[EngineOp, ...]
+    primary_out: PrimaryOutSpec | None = None
+    params: Mapping[str, float | None] = field(default_factory=dict)
+    tile_alignment: Literal["single_shot"] = "single_shot"
     doc: str = ""
+
+    def __post_init__(self) -> None:
+        # A descriptor that names something it does not declare fails here, at import, not mid-kernel.
+        where = f"recipe descriptor {self.name!r}"
+        for n, role in self.operands.items():
+            if role not in ("R", "RW"):
+                raise ValidationError(f"{where}: operand {n!r} has role {role!r}; use 'R' or 'RW'.")
+        scratch = [s.name for s in self.scratch]
+        if len(set(scratch)) != len(scratch) or set(scratch) & set(self.operands) or set(scratch) & set(self.params):
+            raise ValidationError(f"{where}: scratch, operand and param names must be distinct.")
+        for s in self.scratch:
+            if not s.refers_to() <= set(self.operands):
+                raise ValidationError(f"{where}: scratch {s.name!r} derives from {sorted(s.refers_to())}, "
+                                      f"which are not all operands ({', '.join(self.operands)}).")
+        known = set(self.operands) | set(scratch)
+        for step in self.engine_seq:
+            missing = [x for x in step.srcs + (step.dst,) if x not in known]
+            if missing:
+                raise ValidationError(f"{where}: step {step!r} names {missing}, which are neither operands nor "
+                                      f"scratch.")
+            if step.dst in self.operands and self.operands[step.dst] != "RW":
+                raise ValidationError(f"{where}: step {step!r} writes operand {step.dst!r}, which is not RW.")
+            for k, v in step.scalars.items():
+                if isinstance(v, str) and v not in self.params:
+                    raise ValidationError(f"{where}: step {step!r} binds scalar {k!r} to {v!r}, which is not a "
+                                          f"param ({', '.join(self.params) or 'none'}).")
+        if self.primary_out is not None and self.primary_out.name not in scratch:
+            raise ValidationError(f"{where}: primary output {self.primary_out.name!r} is not one of its scratch "
+                                  f"buffers.")
+        for p, default in self.params.items():
+            if default is not None and (isinstance(default, bool) or not isinstance(default, (int, float))
+                                        or math.isnan(default)):
+                raise ValidationError(f"{where}: param {p!r} has default {default!r}; use a number or None.")
 
     @property
     def rw_operands(self) -> tuple[str, ...]:
         """The RW operands in declaration order (they become the command's ``rw_handles``)."""
         return tuple(n for n, role in self.operands.items() if role == "RW")
 
+    def scratch_bytes(self, operands: Mapping[str, Any]) -> int:
+        """Bytes of internal scratch (primary output included) for the given operand handles."""
+        from ..memory import DTYPES
+
+        total = 0
+        for s in self.scratch:
+            shape, dtype = s.resolve(operands, frozenset(DTYPES))
+            total += math.prod(shape) * DTYPES[dtype].itemsize
+        return total
+
     def __repr__(self) -> str:
         ops = ", ".join(f"{n}:{r}" for n, r in self.operands.items())
-        return f"RecipeDescriptor({self.name}({ops}), {len(self.engine_seq)} steps)"
+        params = ", ".join(f"{p}={d}" for p, d in self.params.items())
+        return f"RecipeDescriptor({self.name}({ops}{'; ' + params if params else ''}), {len(self.engine_seq)} steps)"
 
 
 RECIPE_DESCRIPTORS: dict[str, RecipeDescriptor] = {}
@@ -71,11 +176,10 @@ RECIPE_DESCRIPTORS: dict[str, RecipeDescriptor] = {}
 RECIPE_DESCRIPTORS["softmax_merge"] = RecipeDescriptor(
     name="softmax_merge",
     operands={"s": "R", "m": "RW", "l": "RW", "O": "RW"},
-    primary_out=PrimaryOutSpec(from_shape="s", from_dtype="s", transform="identity", name="P", binds="a"),
-    tile_alignment="single_shot",
-    scratch_like={"m_loc": "m", "m_new": "m", "corr": "m", "l_loc": "l"},
-    # m_loc + m_new + corr + P + l_loc, for G query rows, TILE columns, element size bpe.
-    internal_scratch_bytes_fn=lambda G, TILE, d, bpe: bpe * (G + G + G + G * TILE + G),
+    # allocated in this order (the goldens name them softmax_merge0.m_loc, ..., softmax_merge0.P)
+    scratch=(ScratchSpec("m_loc", "m", "m"), ScratchSpec("m_new", "m", "m"), ScratchSpec("corr", "m", "m"),
+             ScratchSpec("l_loc", "l", "l"), ScratchSpec("P", "s", "s")),
+    primary_out=PrimaryOutSpec(name="P", binds="a"),
     engine_seq=(
         EngineOp("MATH", "rmax", ("s",), "m_loc"),
         EngineOp("MATH", "max_elem", ("m", "m_loc"), "m_new"),
