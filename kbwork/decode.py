@@ -24,7 +24,7 @@ import pandas as pd
 from . import analysis
 from .config import Topology, load_topology
 from .errors import ValidationError
-from .kernels.gqa_decode import VARIANTS, gqa_decode
+from .kernels.gqa_decode import DEFAULT_VARIANTS, VARIANTS, gqa_decode
 from .memory import DTYPES, canonical_dtype
 from .sim import Run, Simulator
 
@@ -368,7 +368,7 @@ SWEEP_AXES = ("kv_len", "tile", "group", "head_dim", "dtype", "fixed_cycles", "r
               "hazard_policy")
 
 
-def sweep(*, variants: tuple[str, ...] = VARIANTS, progress: bool = True, mode: str = "timing",
+def sweep(*, variants: tuple[str, ...] = DEFAULT_VARIANTS, progress: bool = True, mode: str = "timing",
           topology: Topology | str | None = None, **axes: Any) -> pd.DataFrame:
     """Simulate every variant at every point of the cartesian product of ``axes``.
 

@@ -1,25 +1,111 @@
-"""GQA decode attention for one KV head: opt3 (10 commands per tile) and opt2 (2).
+"""GQA decode attention for one KV head, and the registry of its variants (DESIGN.md §7).
 
-Q is (G, d), K and V are (N, d) in HBM, processed in tiles of T rows. Both
-variants are software pipelined (``qk(j+1)`` is issued before the merge of
-tile j) and share the program order of DESIGN.md §7, so the comparison is
-fair:
+Q is (G, d), K and V are (N, d) in HBM, processed in tiles of T rows. Every
+variant shares the program order of DESIGN.md §7, so the comparison is fair:
 
 ``tl.load(q)``; ``tl.full`` m, l, O; ``qk(0)``; for each tile j: ``qk(j+1)``
-if there is a next tile, then the merge of tile j (opt2: one ``pv_merge``
-composite; opt3: eight MATH micro-ops, then ``pv``); then ``div_bcast(O, l)``
-and ``tl.store(O, out)``.
+if there is a next tile, then the variant's merge of tile j; then
+``div_bcast(O, l)`` and ``tl.store(O, out)``.
+
+A variant is one function that emits the merge of tile j — the online-softmax
+update of (m, l, O) with the scores S[j % 2] and the product with V_j — plus
+its entry in :data:`VARIANTS`:
+
+* ``opt2`` (2 commands per tile): one composite, the ``softmax_merge`` recipe
+  as the prologue of ``gemm(P, V_j) + add O``.
+* ``opt3`` (10 commands per tile): the recipe's eight micro-ops, each its own
+  MATH composite, then ``pv``.
+* ``a1`` (3 commands per tile; ADR-0065's rejected alternative A1): the recipe
+  alone as a MATH-only composite, then ``pv`` reading P from its completion's
+  ``primary_out``.
+
+To add a variant, write its merge function and register it; ``decode.run``,
+``compare``, ``sweep``, the CLI and the calibration panel pick it up.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
+from typing import Callable
 
 from ..errors import ValidationError
 from ..memory import Handle
 from ..triton_emu.tl_context import TLContext
 
-VARIANTS = ("opt2", "opt3")
+
+@dataclass
+class DecodeState:
+    """What a merge works on: the running state, the score buffers, and any variant-owned scratch."""
+
+    m: Handle
+    l: Handle
+    O: Handle
+    S: tuple[Handle, Handle]
+    scratch: dict[str, Handle] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A decode variant: ``merge(tl, state, Sj, Vj)`` emits the merge of one tile.
+
+    ``setup(tl, state)``, if given, allocates kernel-scope scratch once, before
+    the first ``qk``. ``commands_per_tile`` is what the merge plus ``qk`` emit.
+    """
+
+    name: str
+    merge: Callable[[TLContext, DecodeState, Handle, Handle], None]
+    commands_per_tile: int
+    doc: str
+    setup: Callable[[TLContext, DecodeState], None] | None = None
+
+    def __repr__(self) -> str:
+        return f"Variant({self.name}: {self.commands_per_tile} commands per tile)"
+
+
+def _merge_opt2(tl: TLContext, st: DecodeState, Sj: Handle, Vj: Handle) -> None:
+    tl.composite(prologue=[{"op": "softmax_merge", "s": Sj, "m": st.m, "l": st.l, "O": st.O}],
+                 op="gemm", b=Vj, out=st.O, epilogue=[{"op": "add", "other": st.O}], label="pv_merge")
+
+
+def _setup_opt3(tl: TLContext, st: DecodeState) -> None:
+    G, T = st.S[0].shape
+    for n in ("m_loc", "m_new", "corr", "l_loc"):
+        st.scratch[n] = tl.alloc((G, 1), "fp32", name=n)
+    st.scratch["P"] = tl.alloc((G, T), "fp32", name="P")
+
+
+def _merge_opt3(tl: TLContext, st: DecodeState, Sj: Handle, Vj: Handle) -> None:
+    # The eight micro-ops of softmax_merge, each its own command (DESIGN.md §3).
+    m, l, O = st.m, st.l, st.O
+    m_loc, m_new, corr, l_loc, P = (st.scratch[n] for n in ("m_loc", "m_new", "corr", "l_loc", "P"))
+    tl.composite(op="math", math_op="rmax", a=Sj, out=m_loc, label="rmax")
+    tl.composite(op="math", math_op="max_elem", a=m, b=m_loc, out=m_new, label="max_elem")
+    tl.composite(op="math", math_op="exp_diff", a=m, b=m_new, out=corr, label="exp_diff corr")
+    tl.composite(op="math", math_op="exp_diff", a=Sj, b=m_new, out=P, label="exp_diff P")
+    tl.composite(op="math", math_op="rsum", a=P, out=l_loc, label="rsum")
+    tl.composite(op="math", math_op="fma", a=l, b=corr, c=l_loc, out=l, label="fma l")
+    tl.composite(op="math", math_op="mul_bcast", a=O, b=corr, out=O, label="mul_bcast O")
+    tl.composite(op="math", math_op="copy", a=m_new, out=m, label="copy m")
+    tl.composite(op="gemm", a=P, b=Vj, out=O, epilogue=[{"op": "add", "other": O}], label="pv")
+
+
+def _merge_a1(tl: TLContext, st: DecodeState, Sj: Handle, Vj: Handle) -> None:
+    merged = tl.composite(op="math", prologue=[{"op": "softmax_merge", "s": Sj, "m": st.m, "l": st.l, "O": st.O}],
+                          label="merge")
+    tl.composite(op="gemm", a=merged.primary_out, b=Vj, out=st.O, epilogue=[{"op": "add", "other": st.O}],
+                 label="pv")
+
+
+#: Every decode variant by name (DESIGN.md §7, §10).
+VARIANTS: dict[str, Variant] = {v.name: v for v in (
+    Variant("opt2", _merge_opt2, 2, "the softmax merge fused as a recipe prologue of pv"),
+    Variant("opt3", _merge_opt3, 10, "the merge as eight MATH composites, then pv", setup=_setup_opt3),
+    Variant("a1", _merge_a1, 3, "the merge recipe as a MATH-only composite, then pv (ADR-0065 A1)"),
+)}
+#: What compare, sweep, the CLI and the panel run unless told otherwise.
+DEFAULT_VARIANTS = ("opt2", "opt3")
+
 
 def gqa_decode(tl: TLContext, q: Handle, k: Handle, v: Handle, out: Handle, *, variant: str, tile: int) -> None:
     """Emit the decode kernel. ``out`` (G, d) fp32 in HBM receives softmax(scale·QKᵀ)·V.
@@ -28,7 +114,8 @@ def gqa_decode(tl: TLContext, q: Handle, k: Handle, v: Handle, out: Handle, *, v
         ValidationError: an unknown variant, mismatched shapes, or a kv length
             that is not a multiple of ``tile``.
     """
-    if variant not in VARIANTS:
+    spec = VARIANTS.get(variant) if isinstance(variant, str) else None
+    if spec is None:
         raise ValidationError(f"decode variant {variant!r} is unknown; use one of {', '.join(VARIANTS)}.")
     G, d = q.shape
     N = k.shape[0]
@@ -44,37 +131,20 @@ def gqa_decode(tl: TLContext, q: Handle, k: Handle, v: Handle, out: Handle, *, v
     m = tl.full((G, 1), -math.inf, "fp32", name="m", label="fill m")
     l = tl.full((G, 1), 0.0, "fp32", name="l", label="fill l")
     O = tl.full((G, d), 0.0, "fp32", name="O", label="fill O")
-    S = (tl.alloc((G, tile), "fp32", name="S0"), tl.alloc((G, tile), "fp32", name="S1"))
-    if variant == "opt3":  # the merge intermediates, kernel-scope, allocated once
-        m_loc, m_new, corr, l_loc = (tl.alloc((G, 1), "fp32", name=n) for n in ("m_loc", "m_new", "corr", "l_loc"))
-        P = tl.alloc((G, tile), "fp32", name="P")
+    st = DecodeState(m, l, O, (tl.alloc((G, tile), "fp32", name="S0"), tl.alloc((G, tile), "fp32", name="S1")))
+    if spec.setup is not None:  # kernel-scope scratch, allocated once
+        spec.setup(tl, st)
 
     def qk(j: int) -> None:
         with tl.iteration(j):
-            tl.composite(op="gemm", a=Q, b=k[j * tile:(j + 1) * tile], trans_b=True, out=S[j % 2],
+            tl.composite(op="gemm", a=Q, b=k[j * tile:(j + 1) * tile], trans_b=True, out=st.S[j % 2],
                          epilogue=[{"op": "scale", "factor": scale}], label="qk")
 
     qk(0)
     for j in range(n_tiles):
         if j + 1 < n_tiles:
             qk(j + 1)
-        Vj = v[j * tile:(j + 1) * tile]
         with tl.iteration(j):
-            if variant == "opt2":
-                tl.composite(prologue=[{"op": "softmax_merge", "s": S[j % 2], "m": m, "l": l, "O": O}],
-                             op="gemm", b=Vj, out=O, epilogue=[{"op": "add", "other": O}], label="pv_merge")
-            else:
-                Sj = S[j % 2]
-                # The eight micro-ops of softmax_merge, each its own command (DESIGN.md §3).
-                tl.composite(op="math", math_op="rmax", a=Sj, out=m_loc, label="rmax")
-                tl.composite(op="math", math_op="max_elem", a=m, b=m_loc, out=m_new, label="max_elem")
-                tl.composite(op="math", math_op="exp_diff", a=m, b=m_new, out=corr, label="exp_diff corr")
-                tl.composite(op="math", math_op="exp_diff", a=Sj, b=m_new, out=P, label="exp_diff P")
-                tl.composite(op="math", math_op="rsum", a=P, out=l_loc, label="rsum")
-                tl.composite(op="math", math_op="fma", a=l, b=corr, c=l_loc, out=l, label="fma l")
-                tl.composite(op="math", math_op="mul_bcast", a=O, b=corr, out=O, label="mul_bcast O")
-                tl.composite(op="math", math_op="copy", a=m_new, out=m, label="copy m")
-                tl.composite(op="gemm", a=P, b=Vj, out=O, epilogue=[{"op": "add", "other": O}],
-                             label="pv")
+            spec.merge(tl, st, st.S[j % 2], v[j * tile:(j + 1) * tile])
     tl.composite(op="math", math_op="div_bcast", a=O, b=l, out=O, label="div_bcast O")
     tl.store(O, out, label="dma_store O")

@@ -23,6 +23,11 @@ kind                    operands -> out            numpy meaning
 ``fma``                 a, b, c -> out             ``a * b + c``
 ``mul_bcast``           a (G,d), b (G,1) -> out    ``a * b`` per row
 ``div_bcast``           a (G,d), b (G,1) -> out    ``a / b`` per row
+``mul``                 a, b -> out                ``a * b``, numpy broadcasting (a row
+                                                   of per-column gains, say)
+``rms_inv``             a (G,K) -> out (G,1)       ``1 / sqrt(mean(a**2) + eps)`` per row;
+                        (scalar ``eps``)           a row reduction in the exp cost class
+                                                   (a square root is transcendental)
 ======================  =========================  ======================================
 """
 
@@ -72,6 +77,11 @@ def _rmax(a): return a.max(axis=-1, keepdims=True)
 def _rsum(a): return a.sum(axis=-1, keepdims=True, dtype=np.float32)
 
 
+def _rms_inv(a, *, eps):
+    mean_sq = np.mean(a * a, axis=-1, keepdims=True, dtype=np.float32)
+    return np.float32(1.0) / np.sqrt(mean_sq + np.float32(eps))
+
+
 OPS: dict[str, OpInfo] = {op.kind: op for op in (
     OpInfo("gemm", ("a", "b"), params=("m", "k", "n", "trans_b"), doc="out = a @ b (b.T when trans_b)"),
     OpInfo("fill", (), ("value",), fn=lambda *, value: np.float32(value), doc="out[...] = value"),
@@ -87,6 +97,9 @@ OPS: dict[str, OpInfo] = {op.kind: op for op in (
     OpInfo("fma", ("a", "b", "c"), fn=lambda a, b, c: a * b + c, doc="out = a * b + c"),
     OpInfo("mul_bcast", ("a", "b"), fn=np.multiply, doc="out = a * b, b (rows, 1) per row"),
     OpInfo("div_bcast", ("a", "b"), fn=np.divide, doc="out = a / b, b (rows, 1) per row"),
+    OpInfo("mul", ("a", "b"), fn=np.multiply, doc="out = a * b (numpy broadcasting)"),
+    OpInfo("rms_inv", ("a",), ("eps",), exp_cost=True, reduction=True, fn=_rms_inv,
+           doc="out = 1 / sqrt(mean(a**2, per row) + eps)"),
 )}
 
 MATH_KINDS = tuple(k for k in OPS if k != "gemm")

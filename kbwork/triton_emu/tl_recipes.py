@@ -192,3 +192,18 @@ RECIPE_DESCRIPTORS["softmax_merge"] = RecipeDescriptor(
     ),
     doc="Online-softmax merge of a score tile s into the running (m, l, O); emits P = exp(s - m_new).",
 )
+
+RECIPE_DESCRIPTORS["rmsnorm"] = RecipeDescriptor(
+    name="rmsnorm",
+    operands={"x": "R", "g": "R"},
+    params={"eps": 1e-6},
+    scratch=(ScratchSpec("r", ("x[0]", 1), "fp32"), ScratchSpec("xn", "x", "fp32")),
+    primary_out=PrimaryOutSpec(name="xn", binds="a"),
+    engine_seq=(
+        EngineOp("MATH", "rms_inv", ("x",), "r", scalars={"eps": "eps"}),
+        EngineOp("MATH", "mul_bcast", ("x", "r"), "xn"),
+        EngineOp("MATH", "mul", ("xn", "g"), "xn"),
+    ),
+    doc="RMS normalisation of the rows of x with per-column gain g: xn = x / sqrt(mean(x^2) + eps) * g "
+        "(fp32 scratch), the head GEMM's a (rmsnorm + linear).",
+)
