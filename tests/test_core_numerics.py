@@ -375,6 +375,14 @@ MATH_CASES = {
     "add": (lambda tl, t, o: tl.composite(op="math", math_op="copy", a=t["x"], out=o["r"],
                                                     epilogue=[{"op": "add", "other": t["y"]}]),
                       lambda d: d["x"] + d["y"], (G, T)),
+    "mul": (lambda tl, t, o: tl.composite(op="math", math_op="mul", a=t["x"], b=t["y"], out=o["r"]),
+            lambda d: d["x"] * d["y"], (G, T)),
+    "mul/row": (lambda tl, t, o: tl.composite(op="math", math_op="mul", a=t["x"], b=t["x"][0:1], out=o["r"]),
+                lambda d: d["x"] * d["x"][0:1], (G, T)),
+    # rms_inv's eps is no legacy keyword (value=/factor=): the flat form passes it
+    "rms_inv": (lambda tl, t, o: tl.composite(ops=[OpSpec("rms_inv", operands={"a": t["x"]}, extra={"eps": 0.5},
+                                                          out=o["r"])]),
+                lambda d: 1 / np.sqrt((d["x"].astype(np.float64) ** 2).mean(axis=1, keepdims=True) + 0.5), (G, 1)),
 }
 
 
@@ -394,6 +402,7 @@ def test_math_cases_cover_the_design_op_table():
 
     design_table = {"fill", "copy", "scale", "add", "rmax", "rsum", "max_elem", "exp_diff", "fma", "mul_bcast",
                     "div_bcast"}
+    design_table |= {"mul", "rms_inv"}  # added with the rmsnorm recipe, documented in pe/ops.py
     assert set(MATH_KINDS) == design_table
     assert {name.split("/")[0] for name in MATH_CASES} == design_table
 
