@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from . import analysis
+from . import analysis, atomic
 from .config import Topology, load_topology
 from .errors import ValidationError
 from .kernels.gqa_decode import VARIANTS, gqa_decode
@@ -153,13 +153,25 @@ class DecodeRun:
     def to_perfetto(self, path: str | Path | None = None) -> dict:
         return self.run.to_perfetto(path)
 
-    def to_npz(self, path: str | Path) -> None:
-        """Write the inputs (q, k, v), the final state (m, l, O) and the run parameters to an NPZ."""
+    def to_npz(self, path: str | Path) -> Path:
+        """Write the inputs (q, k, v), the final state (m, l, O) and the run parameters to an NPZ.
+
+        The file is written atomically to exactly ``path`` (``np.savez`` given a
+        name would append ``.npz`` to one without it; here nothing is appended).
+
+        Returns:
+            The path written.
+
+        Raises:
+            ValidationError: a timing-mode run (it has no numbers).
+            OSError: the file cannot be written; an existing file is left intact.
+        """
         if self.q is None:
             raise ValidationError("a timing-mode run has no numbers to save; run with mode='data'.")
         meta = {k: np.asarray(v) for k, v in self.params.items() if k != "topology"}
-        np.savez(path, q=self.q, k=self.k, v=self.v, m=self.m, l=self.l, O=self.O,
-                 scale=np.float64(1.0 / math.sqrt(self.q.shape[1])), variant=np.asarray(self.variant), **meta)
+        arrays = dict(q=self.q, k=self.k, v=self.v, m=self.m, l=self.l, O=self.O,
+                      scale=np.float64(1.0 / math.sqrt(self.q.shape[1])), variant=np.asarray(self.variant), **meta)
+        return atomic.write_with(path, lambda f: np.savez(f, **arrays))
 
 
 def run(variant: str, *, kv_len: int = 4096, group: int = 8, head_dim: int = 128, tile: int = 128,
