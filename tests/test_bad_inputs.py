@@ -1,0 +1,181 @@
+"""Bad input gets a typed error that names the offending thing, never a bare Python exception.
+
+Table-driven: each row is one mistake a researcher can make, the KbworkError
+subclass it must raise and a regex its message must match (the regex names
+the offending key, argument, flag or file). The tables are grouped by entry
+point: ``TOML_CASES`` (topology files), ``CONFIG_CASES`` (``load_topology`` and
+``Topology.replace``), ``SIMULATOR_CASES``, ``DECODE_CASES`` (``decode.run``,
+``compare``, ``sweep``), ``CLI_CASES`` and ``BENCH_CASES`` (the ``kbwork``
+command, run in-process: exit status 2, a short message, no traceback).
+Kernel-language rows belong in tables of their own in this file.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kbwork
+from kbwork import ConfigError, KbworkError, Simulator, ValidationError, decode, load_topology
+from kbwork.cli import main as cli_main
+
+REPO = Path(kbwork.__file__).resolve().parent.parent
+
+
+def _raises(fn, exc_type, pattern):
+    with pytest.raises(KbworkError) as info:
+        fn()
+    assert type(info.value) is exc_type, f"{type(info.value).__name__}: {info.value}"
+    assert re.search(pattern, str(info.value)), f"{pattern!r} not in {str(info.value)!r}"
+    return info.value
+
+
+# --- topology files ----------------------------------------------------------------------------------
+TOML_CASES = [
+    pytest.param(b"[dispatch]\nfixed_cyclez = 3\n", r"'fixed_cyclez'.*Did you mean 'fixed_cycles'", id="unknown-key"),
+    pytest.param(b"[dispatch.fast]\nfixed_cycles = 3\n", r"\[dispatch\.fast\].*nested", id="nested-section"),
+    pytest.param(b"[a]\ntile_k = 64\n[b]\ntile_k = 32\n", r"'tile_k' appears twice", id="duplicate-across-sections"),
+    pytest.param(b"tile_k = 64\ntile_k = 32\n", r"not valid TOML", id="duplicate-in-one-table"),
+    pytest.param(b'name = "caf\xe9"\n', r"not a UTF-8 text file \(byte 11 is 0xe9\)", id="latin-1-bytes"),
+    pytest.param(b"\xff\xfe\x00n\x00a\x00m\x00e", r"not a UTF-8", id="utf-16-file"),
+    pytest.param(b"fixed_cycles = [", r"not valid TOML", id="invalid-toml"),
+    pytest.param(b'fixed_cycles = "40"\n', r"'fixed_cycles'.*the string '40'.*without quotes", id="string-for-int"),
+    pytest.param(b'clock_ghz = "1.25"\n', r"'clock_ghz'.*the string '1.25'", id="string-for-float"),
+    pytest.param(b"fixed_cycles = true\n", r"'fixed_cycles'.*True \(a bool\)", id="bool-for-int"),
+    pytest.param(b"fixed_cycles = [40]\n", r"'fixed_cycles'.*\(a list\)", id="array-for-int"),
+    pytest.param(b"fixed_cycles = 1979-05-27\n", r"'fixed_cycles'.*\(a date\)", id="date-for-int"),
+    pytest.param(b"tile_m = 1.5\n", r"'tile_m'.*integer", id="fraction-for-int"),
+    pytest.param(b"fixed_cycles = -1\n", r"'fixed_cycles' is -1; it cannot be negative", id="negative"),
+    pytest.param(b"[dma]\ndma_bytes_per_cycle = 0\n", r"'dma_bytes_per_cycle' is 0; it must be positive",
+                 id="zero-bandwidth"),
+    pytest.param(b"fixed_cycles = 10000000000000000000\n", r"'fixed_cycles' is 1\.000e\+19.*4294967296",
+                 id="huge-int"),
+    pytest.param(b"[memory]\ntcm_bytes = 4398046511104\n", r"'tcm_bytes'.*1073741824 \(2\*\*30\)", id="huge-tcm"),
+    pytest.param(b"clock_ghz = inf\n", r"'clock_ghz' must be a finite number", id="inf-clock"),
+    pytest.param(b"clock_ghz = nan\n", r"'clock_ghz' must be a finite number", id="nan-clock"),
+    pytest.param(b"clock_ghz = 1e-9\n", r"'clock_ghz'.*between 0.001 and 1000", id="tiny-clock"),
+    pytest.param(b"r_cycles_per_byte = 1e300\n", r"'r_cycles_per_byte'.*between", id="huge-r"),
+    pytest.param(b"hazard_policy = 3\n", r"'hazard_policy' must be a string", id="int-policy"),
+    pytest.param(b'hazard_policy = "random"\n', r"'hazard_policy' is 'random'.*strict_fifo", id="unknown-policy"),
+    pytest.param(b"name = 5\n", r"'name' must be a non-empty string", id="int-name"),
+    pytest.param(b'name = ""\n', r"'name' must be a non-empty string", id="empty-name"),
+    pytest.param(b"[[dispatch]]\nfixed_cycles = 1\n", r"unknown topology key 'dispatch'", id="array-of-tables"),
+    pytest.param(b'source = "elsewhere"\n', r"unknown topology key 'source'", id="source-key"),
+]
+
+
+@pytest.mark.parametrize("content,pattern", TOML_CASES)
+def test_bad_topology_file(tmp_path, content, pattern):
+    path = tmp_path / "bad.toml"
+    path.write_bytes(content)
+    err = _raises(lambda: load_topology(path), ConfigError, pattern)
+    assert "bad.toml" in str(err), "the message names the file"
+    _raises(lambda: Simulator(str(path)), ConfigError, pattern)
+
+
+def test_topology_path_that_is_a_directory(tmp_path):
+    (tmp_path / "topo.toml").mkdir()
+    _raises(lambda: load_topology(tmp_path / "topo.toml"), ConfigError, r"is a directory")
+    _raises(lambda: load_topology(tmp_path), ConfigError, r"is a directory .*pass a \.toml file")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_topology_path_that_is_a_pipe_does_not_block(tmp_path):
+    fifo = tmp_path / "pipe.toml"
+    os.mkfifo(fifo)
+    _raises(lambda: load_topology(fifo), ConfigError, r"pipe\.toml.*not a regular file")
+
+
+@pytest.mark.skipif(os.geteuid() == 0 if hasattr(os, "geteuid") else True, reason="root reads any file")
+def test_unreadable_topology_file(tmp_path):
+    path = tmp_path / "secret.toml"
+    path.write_text("fixed_cycles = 1\n")
+    path.chmod(0)
+    _raises(lambda: load_topology(path), ConfigError, r"secret\.toml: cannot read")
+
+
+def test_topology_file_is_read_again_after_an_edit(tmp_path):
+    # nothing caches a parsed file: an edit within the same second is seen
+    path = tmp_path / "t.toml"
+    path.write_text("fixed_cycles = 1\n")
+    assert load_topology(path).fixed_cycles == 1
+    path.write_text("fixed_cycles = 2\n")
+    assert load_topology(path).fixed_cycles == 2
+
+
+# --- load_topology and Topology.replace ------------------------------------------------------------
+def _replace(**kw):
+    return lambda: load_topology().replace(**kw)
+
+
+def _load(*args, **kw):
+    return lambda: load_topology(*args, **kw)
+
+
+CONFIG_CASES = [
+    pytest.param(_load(123), r"topology must be a name.*got 123 \(a int\)", id="int-topology"),
+    pytest.param(_load(["ahbm-pe-v1"]), r"got \['ahbm-pe-v1'\] \(a list\)", id="list-topology"),
+    pytest.param(_load(b"ahbm-pe-v1"), r"\(a bytes\)", id="bytes-topology"),
+    pytest.param(_load(""), r"topology name is empty", id="empty-name"),
+    pytest.param(_load("no-such-topology"), r"'no-such-topology' not found.*ahbm-pe-v1", id="unknown-name"),
+    pytest.param(_load("a\0b"), r"contains a NUL character", id="nul-in-name"),
+    pytest.param(_load("x" * 5000), r"xxx\.\.\.: cannot read the topology file: File name too long",
+                 id="name-too-long"),
+    pytest.param(_load(fixed_cycles=10**19), r"'fixed_cycles' is 1\.000e\+19.*largest", id="fixed-1e19"),
+    pytest.param(_load(fixed_cycles=2**32 + 1), r"'fixed_cycles' is 4294967297", id="fixed-just-over"),
+    pytest.param(_load(fixed_cycles=1e300), r"'fixed_cycles' is 1\.000e\+300", id="fixed-huge-float"),
+    pytest.param(_load(tcm_bytes=2**42), r"'tcm_bytes'.*1073741824", id="tcm-4TiB"),
+    pytest.param(_load(clock_ghz=1e9), r"'clock_ghz'.*between", id="clock-1e9"),
+    pytest.param(_load(clock_ghz=True), r"'clock_ghz' must be a finite number, got True", id="clock-bool"),
+    pytest.param(_load(r_cycles_per_byte=float("inf")), r"'r_cycles_per_byte' must be a finite", id="r-inf"),
+    pytest.param(_load(r_cycles_per_byte="0.1"), r"'r_cycles_per_byte'.*the string '0.1'", id="r-string"),
+    pytest.param(_load(fixed_cycles="40"), r"'fixed_cycles'.*the string '40'", id="fixed-string"),
+    pytest.param(_load(fixed_cycles=None), r"'fixed_cycles'.*None \(a NoneType\)", id="fixed-none"),
+    pytest.param(_load(fixed_cycles=np.float64(1.5)), r"'fixed_cycles'.*1\.5", id="fixed-numpy-fraction"),
+    pytest.param(_load(hazard_policy=5), r"'hazard_policy' must be a string, got 5", id="policy-int"),
+    pytest.param(_load(hazard_policy=None), r"'hazard_policy' must be a string", id="policy-none"),
+    pytest.param(_load(name=None), r"'name' must be a non-empty string", id="name-none"),
+    pytest.param(_load(fixed_cycle=80), r"'fixed_cycle'.*Did you mean 'fixed_cycles'", id="typo-key"),
+    pytest.param(_replace(cmd_queue_depth=0), r"'cmd_queue_depth' is 0", id="replace-queue-0"),
+    pytest.param(_replace(math_cost_exp=-3), r"'math_cost_exp' is -3", id="replace-negative"),
+    pytest.param(_replace(tile_n=2**40), r"'tile_n' is 1099511627776", id="replace-huge-tile"),
+    pytest.param(_replace(source="x"), r"unknown topology key 'source'", id="replace-source"),
+    pytest.param(_replace(dma_channelz=2), r"unknown topology key 'dma_channelz'", id="replace-unknown"),
+]
+
+
+@pytest.mark.parametrize("action,pattern", CONFIG_CASES)
+def test_bad_topology_argument(action, pattern):
+    _raises(action, ConfigError, pattern)
+
+
+def test_bounds_are_inclusive_and_generous():
+    topo = load_topology(fixed_cycles=2**32, tcm_bytes=2**30, clock_ghz=1e-3, r_cycles_per_byte=1e6)
+    assert (topo.fixed_cycles, topo.tcm_bytes) == (2**32, 2**30)
+    assert load_topology(fixed_cycles=np.int64(7), clock_ghz=np.float32(2.0)).fixed_cycles == 7
+
+
+# --- Simulator ------------------------------------------------------------------------------------
+SIMULATOR_CASES = [
+    pytest.param(dict(topology=123), ConfigError, r"got 123 \(a int\)", id="int-topology"),
+    pytest.param(dict(topology=[1, 2]), ConfigError, r"\(a list\)", id="list-topology"),
+    pytest.param(dict(topology={"fixed_cycles": 1}), ConfigError, r"\(a dict\)", id="dict-topology"),
+    pytest.param(dict(mode="fast"), ValidationError, r"mode 'fast'", id="mode-fast"),
+    pytest.param(dict(mode=None), ValidationError, r"mode None", id="mode-none"),
+    pytest.param(dict(fixed_cycles=10**19), ConfigError, r"'fixed_cycles'", id="fixed-1e19"),
+    # a 4 TiB TCM would be allocated (and fail with MemoryError) in data mode: refused at load time
+    pytest.param(dict(tcm_bytes=2**42), ConfigError, r"'tcm_bytes'.*1073741824", id="tcm-4TiB-data"),
+    pytest.param(dict(tcm_bytes=2**42, mode="timing"), ConfigError, r"'tcm_bytes'", id="tcm-4TiB-timing"),
+]
+
+
+@pytest.mark.parametrize("kwargs,exc_type,pattern", SIMULATOR_CASES)
+def test_bad_simulator_argument(kwargs, exc_type, pattern):
+    _raises(lambda: Simulator(**kwargs), exc_type, pattern)
