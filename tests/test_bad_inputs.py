@@ -179,3 +179,112 @@ SIMULATOR_CASES = [
 @pytest.mark.parametrize("kwargs,exc_type,pattern", SIMULATOR_CASES)
 def test_bad_simulator_argument(kwargs, exc_type, pattern):
     _raises(lambda: Simulator(**kwargs), exc_type, pattern)
+
+
+# --- decode.run / compare / sweep ------------------------------------------------------------------
+def _run(*args, **kw):
+    kw.setdefault("kv_len", 256)
+    return lambda: decode.run(*(args or ("opt2",)), **kw)
+
+
+def _compare(**kw):
+    kw.setdefault("kv_len", 256)
+    return lambda: decode.compare(**kw)
+
+
+def _sweep(**kw):
+    kw.setdefault("progress", False)
+    return lambda: decode.sweep(**kw)
+
+
+_Q, _KV = np.zeros((8, 64), np.float32), np.zeros((128, 64), np.float32)
+
+DECODE_CASES = [
+    pytest.param(_run(seed=-1), ValidationError, r"seed must be a non-negative int, got -1", id="seed-negative"),
+    pytest.param(_run(seed=1.5), ValidationError, r"seed .* got 1\.5 \(float\)", id="seed-float"),
+    pytest.param(_run(seed="0"), ValidationError, r"seed .* got '0' \(str\)", id="seed-string"),
+    pytest.param(_run(seed=True), ValidationError, r"seed .* got True \(bool\)", id="seed-bool"),
+    pytest.param(_run(seed=None), ValidationError, r"seed .* got None", id="seed-none"),
+    pytest.param(_run(mode="fast"), ValidationError, r"mode 'fast' is unknown", id="mode-fast"),
+    pytest.param(_run(mode=0), ValidationError, r"mode 0 is unknown", id="mode-int"),
+    pytest.param(_run("opt4"), ValidationError, r"variant 'opt4' is unknown.*opt2, opt3", id="variant-unknown"),
+    pytest.param(_run(None), ValidationError, r"variant None is unknown", id="variant-none"),
+    pytest.param(_run(["opt2"]), ValidationError, r"variant \['opt2'\]", id="variant-list"),
+    pytest.param(_run(dtype="int8"), ValidationError, r"dtype 'int8' is not supported", id="dtype-int8"),
+    pytest.param(_run(dtype=5), ValidationError, r"dtype 5", id="dtype-int"),
+    pytest.param(_run(topology=123), ConfigError, r"topology must be a name.*\(a int\)", id="topology-int"),
+    pytest.param(_run(topology=3.5), ConfigError, r"\(a float\)", id="topology-float"),
+    pytest.param(_run(kv_len=0), ValidationError, r"kv_len must be a positive int, got 0", id="kv-zero"),
+    pytest.param(_run(kv_len=-128), ValidationError, r"kv_len .* got -128", id="kv-negative"),
+    pytest.param(_run(kv_len=256.0), ValidationError, r"kv_len .* got 256\.0 \(float\)", id="kv-float"),
+    pytest.param(_run(kv_len="256"), ValidationError, r"kv_len .* got '256' \(str\)", id="kv-string"),
+    pytest.param(_run(kv_len=True), ValidationError, r"kv_len .* got True", id="kv-bool"),
+    pytest.param(_run(tile=0), ValidationError, r"tile must be a positive int, got 0", id="tile-zero"),
+    pytest.param(_run(tile=-4), ValidationError, r"tile .* got -4", id="tile-negative"),
+    pytest.param(_run(group=0), ValidationError, r"group .* got 0", id="group-zero"),
+    pytest.param(_run(head_dim=0), ValidationError, r"head_dim .* got 0", id="head-dim-zero"),
+    pytest.param(_run(kv_len=1000), ValidationError, r"kv_len 1000 is not a multiple of tile 128", id="kv-ragged"),
+    pytest.param(_run(kv_len=2**40, mode="timing"), ValidationError,
+                 r"8589934592 tiles; one run simulates at most 262144", id="kv-2**40-timing"),
+    pytest.param(_run(kv_len=2**40, mode="data"), ValidationError, r"8589934592 tiles", id="kv-2**40-data"),
+    pytest.param(_run(kv_len=2**25), ValidationError, r"kv_len=33554432.*32\.0 GiB.*4\.0 GiB limit",
+                 id="kv-32M-data"),
+    pytest.param(_run(group=2**40), ValidationError, r"group=1099511627776.*512\.0 TiB", id="group-2**40-data"),
+    pytest.param(_run(head_dim=2**40), ValidationError, r"head_dim=1099511627776.*TiB", id="head-dim-2**40-data"),
+    pytest.param(_run(fixed_cycles=10**19, mode="timing"), ConfigError, r"'fixed_cycles'", id="fixed-1e19"),
+    pytest.param(_run(fixed_cycle=1), ConfigError, r"Did you mean 'fixed_cycles'", id="override-typo"),
+    pytest.param(_run(q=_Q), ValidationError, r"pass all of q, k and v", id="q-only"),
+    pytest.param(_run(q=np.array([[object()]]), k=_KV, v=_KV), ValidationError, r"q must hold real numbers.*object",
+                 id="q-object"),
+    pytest.param(_run(q=_Q + 1j, k=_KV, v=_KV), ValidationError, r"q must hold real numbers.*complex", id="q-complex"),
+    pytest.param(_run(q=_Q, k=[[1, 2], [3]], v=_KV), ValidationError, r"k is not an array of numbers", id="k-ragged"),
+    pytest.param(_run(q=_Q, k=_KV.astype(str), v=_KV), ValidationError, r"k must hold real numbers", id="k-strings"),
+    pytest.param(_compare(seed=-1), ValidationError, r"seed must be a non-negative int", id="compare-seed"),
+    pytest.param(_compare(mode="fast"), ValidationError, r"mode 'fast'", id="compare-mode"),
+    pytest.param(_compare(fixed_cycles=-1), ConfigError, r"'fixed_cycles' is -1", id="compare-fixed-negative"),
+    pytest.param(_compare(r_cycles_per_byte="0"), ConfigError, r"'r_cycles_per_byte'.*string", id="compare-r-str"),
+    pytest.param(_sweep(kv_len="abc"), ValidationError, r"axis 'kv_len' takes positive ints, got 'abc'",
+                 id="sweep-kv-string"),
+    pytest.param(_sweep(kv_len=[256, None]), ValidationError, r"axis 'kv_len'.*None", id="sweep-kv-none"),
+    pytest.param(_sweep(tile=[128, 0]), ValidationError, r"axis 'tile'.*got 0", id="sweep-tile-zero"),
+    pytest.param(_sweep(kv_len=[]), ValidationError, r"axis 'kv_len' has no values", id="sweep-empty-axis"),
+    pytest.param(_sweep(dtype=["bf16", 5]), ValidationError, r"axis 'dtype'.*dtype 5", id="sweep-dtype"),
+    pytest.param(_sweep(fixed_cycles=[0, "40"]), ConfigError, r"axis 'fixed_cycles'.*string '40'", id="sweep-fixed-str"),
+    pytest.param(_sweep(hazard_policy=["rw_aware", 5]), ConfigError, r"axis 'hazard_policy'", id="sweep-policy"),
+    pytest.param(_sweep(kv_len=[256, 1000]), ValidationError, r"sweep: kv_len 1000 is not a multiple of tile 128",
+                 id="sweep-ragged-point"),
+    pytest.param(_sweep(kv_len=[256], variants="opt2"), ValidationError, r"variants must be a non-empty list",
+                 id="sweep-variants-string"),
+    pytest.param(_sweep(kv_len=[256], variants=("opt2", "opt9")), ValidationError, r"variant 'opt9'",
+                 id="sweep-variant-unknown"),
+    pytest.param(_sweep(kv_len=[256], mode="fast"), ValidationError, r"sweep: mode 'fast'", id="sweep-mode"),
+    pytest.param(_sweep(kv_len=[256], seqlen=[1]), ValidationError, r"unknown axis seqlen", id="sweep-unknown-axis"),
+    pytest.param(_sweep(kv_len=[256], topology=123), ConfigError, r"\(a int\)", id="sweep-topology"),
+]
+
+
+@pytest.mark.parametrize("action,exc_type,pattern", DECODE_CASES)
+def test_bad_decode_argument(action, exc_type, pattern, monkeypatch):
+    # every check happens before anything is simulated
+    monkeypatch.setattr(decode.Simulator, "run", lambda *a, **k: pytest.fail("simulated before checking"))
+    _raises(action, exc_type, pattern)
+
+
+def test_sweep_checks_every_point_before_the_first_runs(monkeypatch):
+    calls = []
+    monkeypatch.setattr(decode, "run", lambda *a, **k: calls.append(k))
+    with pytest.raises(ValidationError, match="1000"):
+        decode.sweep(kv_len=[256, 512, 1000], progress=False)
+    assert calls == []
+
+
+def test_good_seeds_and_sizes_still_work():
+    a = decode.run("opt2", kv_len=256, seed=np.int64(3))
+    b = decode.run("opt2", kv_len=256, seed=3)
+    assert a.params["seed"] == 3 and np.array_equal(a.O, b.O)
+    assert decode.run("opt2", kv_len=np.int32(256), mode="timing").n_tiles == 2
+
+
+def test_to_npz_of_a_timing_run():
+    r = decode.run("opt2", kv_len=256, mode="timing")
+    _raises(lambda: r.to_npz("x.npz"), ValidationError, r"timing-mode run has no numbers.*mode='data'")
