@@ -59,9 +59,14 @@ def format_comparison(cmp: Any) -> str:
     errs = d["max_abs_err_vs_ref"]
     if errs is not None:
         lines.append(f"{'max |O - float64 ref|':28}{errs['opt2']:>12.3e}{errs['opt3']:>12.3e}")
+    if d["ratio"] is None or d["closed_form_ratio"] is None:  # FIXED = R = 0 (DESIGN.md §7)
+        ratio_line = (f"dispatch ratio opt3/opt2: undefined (opt2 dispatches 0 cycles per tile: every dispatch "
+                      f"is free at FIXED={p['fixed_cycles']}, R={p['r_cycles_per_byte']})")
+    else:
+        ratio_line = f"dispatch ratio opt3/opt2: {d['ratio']:.4f} (closed form {d['closed_form_ratio']:.4f})"
     lines += [
         "",
-        f"dispatch ratio opt3/opt2: {d['ratio']:.4f} (closed form {d['closed_form_ratio']:.4f})",
+        ratio_line,
         f"gate opt3 > 2 x opt2: {'PASS' if d['gate']['pass'] else 'FAIL'}",
         f"end-to-end: opt3 takes {d['speedup_opt3_over_opt2']:.3f}x the cycles of opt2",
     ]

@@ -337,8 +337,10 @@ class Comparison:
     err_baseline: float | None = None
 
     def __repr__(self) -> str:
+        ratio = ("undefined" if self.ratio is None else
+                 f"{self.ratio:.2f} (closed form {_fmt_ratio(self.closed_form_ratio)})")
         return (f"Comparison(dispatch/tile opt3 {self.dispatch_opt3} vs opt2 {self.dispatch_opt2}: ratio "
-                f"{self.ratio:.2f} (closed form {self.closed_form_ratio:.2f}), gate {'PASS' if self.gate else 'FAIL'}; "
+                f"{ratio}, gate {'PASS' if self.gate else 'FAIL'}; "
                 f"cycles opt3 {self.cycles_opt3} vs opt2 {self.cycles_opt2})")
 
     @property
@@ -346,13 +348,25 @@ class Comparison:
         return self.opt2.params
 
     @property
-    def ratio(self) -> float:
-        """Simulated per-tile dispatch ratio opt3 / opt2."""
-        return self.dispatch_opt3 / self.dispatch_opt2
+    def ratio(self) -> float | None:
+        """Simulated per-tile dispatch ratio opt3 / opt2, or ``None`` when opt2's dispatch is 0
+        (FIXED = R = 0: every dispatch is free, the ratio has no value; see :attr:`ratio_note`)."""
+        return None if self.dispatch_opt2 == 0 else self.dispatch_opt3 / self.dispatch_opt2
 
     @property
-    def closed_form_ratio(self) -> float:
-        return self.closed_form_opt3 / self.closed_form_opt2
+    def closed_form_ratio(self) -> float | None:
+        """The closed-form ratio opt3 / opt2, or ``None`` when opt2's closed form is 0."""
+        return None if self.closed_form_opt2 == 0 else self.closed_form_opt3 / self.closed_form_opt2
+
+    @property
+    def ratio_note(self) -> str | None:
+        """Why :attr:`ratio` is ``None`` (DESIGN.md §7), or ``None`` when the ratio is defined."""
+        if self.ratio is not None and self.closed_form_ratio is not None:
+            return None
+        p = self.params
+        return (f"opt2 dispatches 0 cycles per tile (every dispatch costs 0 at FIXED={p['fixed_cycles']}, "
+                f"R={p['r_cycles_per_byte']}), so opt3/opt2 has no value; the gate opt3 > 2 x opt2 "
+                f"({self.dispatch_opt3} > {2 * self.dispatch_opt2}) fails")
 
     @property
     def gate(self) -> bool:
@@ -396,7 +410,12 @@ class Comparison:
         return pd.DataFrame(rows).set_index("variant")
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field as plain JSON-serialisable values."""
+        """Every field as plain JSON-serialisable values.
+
+        ``ratio`` and ``closed_form_ratio`` are ``None`` (JSON ``null``) when
+        opt2's dispatch is 0, and ``ratio_note`` then says why; otherwise the
+        note is ``None``.
+        """
         return {
             "params": dict(self.params),
             "dispatch_per_tile": {"opt2": self.dispatch_opt2, "opt3": self.dispatch_opt3},
@@ -405,6 +424,7 @@ class Comparison:
                                   "opt3": len(self.opt3.command_bytes_per_tile)},
             "ratio": self.ratio,
             "closed_form_ratio": self.closed_form_ratio,
+            "ratio_note": self.ratio_note,
             "gate": {"rule": "opt3 > 2 x opt2", "pass": self.gate, "closed_form_pass": self.closed_form_gate},
             "cycles": {"opt2": self.cycles_opt2, "opt3": self.cycles_opt3},
             "us": {"opt2": self.opt2.topology.cycles_to_us(self.cycles_opt2),
@@ -416,6 +436,10 @@ class Comparison:
                                     "baseline": self.err_baseline, "bound": self.error_bound,
                                     "pass": self.numerics_ok}),
         }
+
+
+def _fmt_ratio(x: float | None) -> str:
+    return "undefined" if x is None else f"{x:.2f}"
 
 
 def _uniform(series: pd.Series, what: str) -> int:
@@ -433,7 +457,8 @@ def compare(*, kv_len: int = 4096, group: int = 8, head_dim: int = 128, tile: in
         A :class:`Comparison` with the per-tile dispatch of both variants, the
         ratio and its closed form, the gate, end-to-end cycles, and (data mode)
         max |opt2 − opt3| for m, l, O and each variant's error against the
-        float64 reference.
+        float64 reference. At FIXED = R = 0 every dispatch costs 0: the ratios
+        are ``None`` with a ``ratio_note`` and the gate fails (DESIGN.md §7).
 
     Raises:
         The errors of :func:`run`, before either variant is simulated.
