@@ -288,3 +288,133 @@ def test_good_seeds_and_sizes_still_work():
 def test_to_npz_of_a_timing_run():
     r = decode.run("opt2", kv_len=256, mode="timing")
     _raises(lambda: r.to_npz("x.npz"), ValidationError, r"timing-mode run has no numbers.*mode='data'")
+
+
+# --- the command line ------------------------------------------------------------------------------
+def _cli(argv, capsys):
+    """Run ``kbwork argv`` in-process: (exit status, stdout, stderr)."""
+    try:
+        code = cli_main(list(argv))
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+RUN = ["run", "--variant", "opt2", "--kv-len", "256"]
+CMP = ["compare", "--kv-len", "256"]
+
+CLI_CASES = [
+    pytest.param(RUN + ["--oplog", "{tmp}/missing/log.csv"], r"--oplog: the directory .*missing.* does not exist",
+                 id="oplog-missing-dir"),
+    pytest.param(RUN + ["--oplog", "{tmp}"], r"--oplog: .* is a directory", id="oplog-is-dir"),
+    pytest.param(RUN + ["--oplog", "{tmp}/log.txt"], r"--oplog: .*log\.txt' does not end in \.csv", id="oplog-suffix"),
+    pytest.param(RUN + ["--oplog", "x" * 300 + ".csv"], r"--oplog: cannot use 'xxx.*\.\.\.': File name too long",
+                 id="oplog-name-too-long"),
+    pytest.param(RUN + ["--oplog", ""], r"--oplog: '\.?' is not a file name", id="oplog-empty"),
+    pytest.param(RUN + ["--oplog", "{tmp}/afile/log.csv"], r"--oplog: .*afile' in .* is not a directory",
+                 id="oplog-parent-is-file"),
+    pytest.param(RUN + ["--npz", "{tmp}/x.txt"], r"--npz: .*x\.txt' does not end in \.npz", id="npz-suffix"),
+    pytest.param(RUN + ["--npz", "{tmp}/x.npz", "--mode", "timing"], r"--npz needs --mode data", id="npz-timing"),
+    pytest.param(RUN + ["--trace", "{tmp}/t.csv"], r"--trace: .* does not end in \.json", id="trace-suffix"),
+    pytest.param(RUN + ["--trace", "{tmp}/nope/t.json"], r"--trace: the directory", id="trace-missing-dir"),
+    pytest.param(RUN + ["--gantt", "{tmp}/g.jpg"], r"--gantt: .* does not end in \.png", id="run-gantt-suffix"),
+    pytest.param(CMP + ["--gantt", "{tmp}/none/g.png"], r"--gantt: the directory", id="compare-gantt-dir"),
+    pytest.param(CMP + ["--gantt", "{tmp}/g.svg"], r"--gantt: .* does not end in \.png", id="compare-gantt-suffix"),
+    pytest.param(CMP + ["--seed", "-1"], r"argument --seed: expected a non-negative integer, got -1", id="seed-negative"),
+    pytest.param(CMP + ["--seed", "x"], r"argument --seed: .*got 'x'", id="seed-text"),
+    pytest.param(CMP + ["--gantt-tiles", "0"], r"argument --gantt-tiles: expected a positive integer, got 0",
+                 id="gantt-tiles-zero"),
+    pytest.param(["compare", "--kv-len", "0"], r"argument --kv-len: expected a positive integer, got 0", id="kv-zero"),
+    pytest.param(["compare", "--kv-len", "abc"], r"argument --kv-len: .*'abc'", id="kv-text"),
+    pytest.param(["compare", "--kv-len", "1000"], r"--kv-len 1000 is not a multiple of tile 128 \(--tile\)",
+                 id="kv-ragged"),
+    pytest.param(["compare", "--tile", "-5"], r"argument --tile: .*got -5", id="tile-negative"),
+    pytest.param(CMP + ["--group", "0"], r"argument --group", id="group-zero"),
+    pytest.param(CMP + ["--head-dim", "-1"], r"argument --head-dim", id="head-dim-negative"),
+    pytest.param(CMP + ["--fixed", "-1"], r"argument --fixed: expected an integer between 0 and 4294967296",
+                 id="fixed-negative"),
+    pytest.param(CMP + ["--fixed", "10000000000000000000"], r"argument --fixed: .*got 10000000000000000000",
+                 id="fixed-huge"),
+    pytest.param(CMP + ["--r", "nan"], r"argument --r: .*got 'nan'", id="r-nan"),
+    pytest.param(CMP + ["--r", "-0.5"], r"argument --r: .*got '-0.5'", id="r-negative"),
+    pytest.param(CMP + ["--r", "1e300"], r"argument --r: expected a number between 0 and 1e\+06", id="r-huge"),
+    pytest.param(CMP + ["--dtype", "int8"], r"argument --dtype: invalid choice: 'int8'", id="dtype"),
+    pytest.param(CMP + ["--mode", "fast"], r"argument --mode: invalid choice: 'fast'", id="mode"),
+    pytest.param(CMP + ["--hazard-policy", "fifo"], r"argument --hazard-policy: invalid choice", id="policy"),
+    pytest.param(CMP + ["--topology", "nope"], r"kbwork: error: topology 'nope' not found", id="topology-unknown"),
+    pytest.param(CMP + ["--topology", "{tmp}"], r"kbwork: error: topology .* is a directory", id="topology-dir"),
+    pytest.param(CMP + ["--topology", "{tmp}/bad.toml"], r"bad\.toml: not a UTF-8", id="topology-not-utf8"),
+    pytest.param(["compare", "--kv-len", str(2**40), "--mode", "timing"], r"8589934592 tiles", id="kv-2**40"),
+    pytest.param(["compare", "--kv-len", str(2**25)], r"32\.0 GiB .*use mode='timing'", id="kv-32M-data"),
+    pytest.param(["run", "--variant", "opt4"], r"argument --variant: invalid choice: 'opt4'", id="variant"),
+    pytest.param(["run"], r"the following arguments are required: --variant", id="variant-missing"),
+    pytest.param(["frobnicate"], r"invalid choice: 'frobnicate'", id="unknown-command"),
+    pytest.param([], r"the following arguments are required: command", id="no-command"),
+    pytest.param(["golden"], r"one of the arguments --check --update is required", id="golden-no-action"),
+]
+
+
+@pytest.fixture
+def cli_tmp(tmp_path):
+    (tmp_path / "afile").write_text("not a directory")
+    (tmp_path / "bad.toml").write_bytes(b"name = 'caf\xe9'\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize("argv,pattern", CLI_CASES)
+def test_bad_cli_invocation(argv, pattern, cli_tmp, capsys):
+    argv = [a.replace("{tmp}", str(cli_tmp)) for a in argv]
+    code, out, err = _cli(argv, capsys)
+    assert code == 2, (code, err)
+    assert re.search(pattern, err), f"{pattern!r} not in {err!r}"
+    assert "Traceback" not in err + out
+    assert len(err.splitlines()) <= 12, "a short message, not a dump"
+
+
+# Output paths are checked before anything is simulated: a bad path fails in milliseconds.
+FAIL_FAST_CASES = [
+    pytest.param(RUN + ["--oplog", "{tmp}/missing/log.csv"], "run", id="run-oplog"),
+    pytest.param(RUN + ["--npz", "{tmp}/x.txt"], "run", id="run-npz"),
+    pytest.param(RUN + ["--trace", "{tmp}"], "run", id="run-trace"),
+    pytest.param(RUN + ["--gantt", "{tmp}/g.pdf"], "run", id="run-gantt"),
+    pytest.param(RUN + ["--npz", "{tmp}/x.npz", "--mode", "timing"], "run", id="run-npz-timing"),
+    pytest.param(CMP + ["--gantt", "{tmp}/missing/g.png"], "compare", id="compare-gantt"),
+]
+
+
+@pytest.mark.parametrize("argv,entry", FAIL_FAST_CASES)
+def test_cli_checks_outputs_before_simulating(argv, entry, tmp_path, capsys, monkeypatch):
+    def simulated(*a, **k):
+        raise AssertionError("simulated")
+
+    monkeypatch.setattr(decode, entry, simulated)
+    code, _, err = _cli([a.replace("{tmp}", str(tmp_path)) for a in argv], capsys)
+    assert code == 2 and "kbwork: error:" in err and "simulated" not in err
+
+
+def test_cli_write_failure_is_a_message_not_a_traceback(tmp_path, capsys, monkeypatch):
+    def disk_full(self, path=None):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(decode.DecodeRun, "to_csv", disk_full)
+    code, _, err = _cli(RUN + ["--mode", "timing", "--oplog", str(tmp_path / "log.csv")], capsys)
+    assert code == 2
+    assert "--oplog: could not write" in err and "No space left on device" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv,pattern", [
+    (["run", "--variant", "opt2", "--kv-len", "256", "--npz", "x.txt"], r"--npz: 'x\.txt' does not end in \.npz"),
+    (["compare", "--seed", "-1"], r"argument --seed"),
+    (["compare", "--kv-len", "1000"], r"not a multiple of tile"),
+    (["compare", "--topology", "no-such"], r"topology 'no-such' not found"),
+], ids=["npz-suffix", "seed", "kv-ragged", "topology"])
+def test_no_traceback_reaches_the_terminal(argv, pattern, tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO), MPLBACKEND="Agg")
+    p = subprocess.run([sys.executable, "-m", "kbwork.cli", *argv], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 2, p.stderr
+    assert re.search(pattern, p.stderr), p.stderr
+    assert "Traceback" not in p.stderr
+    assert list(tmp_path.iterdir()) == [], "nothing written"

@@ -48,6 +48,15 @@ def test_cli_compare_succeeds_and_says_undefined(capsys):
     assert d["ratio"] is None and d["ratio_note"]
 
 
+def test_cli_gantt_tiles_beyond_the_run_are_clamped_with_a_note(tmp_path, capsys):
+    png = tmp_path / "g.png"
+    assert cli_main(["compare", "--kv-len", "256", "--mode", "timing", "--fixed", "0", "--r", "0",
+                     "--gantt", str(png), "--gantt-tiles", "9"]) == 0
+    err = capsys.readouterr().err
+    assert "the run has 2 tiles; --gantt draws 2, not 9" in err and f"wrote {png}" in err
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
 def test_calibration_panel_at_zero_dispatch_cost():
     from kbwork.widgets import CalibrationPanel
 
