@@ -404,12 +404,51 @@ def test_cli_write_failure_is_a_message_not_a_traceback(tmp_path, capsys, monkey
     assert "Traceback" not in err
 
 
+BENCH_CASES = [
+    pytest.param(["--kv-lens", "1000"], r"--kv-lens: kv_len 1000 is not a multiple of tile 128", id="kv-ragged"),
+    pytest.param(["--kv-lens", "abc"], r"argument --kv-lens: expected comma-separated positive integers", id="kv-text"),
+    pytest.param(["--kv-lens", "1024,0"], r"argument --kv-lens: expected positive integers, got 0", id="kv-zero"),
+    pytest.param(["--kv-lens", str(2**40)], r"--kv-lens: .*8589934592 tiles", id="kv-huge"),
+    pytest.param(["--modes", "fast"], r"argument --modes: unknown mode 'fast'", id="modes"),
+    pytest.param(["--modes", "timing,"], r"argument --modes: unknown mode ''", id="modes-trailing-comma"),
+    pytest.param(["--repeats", "0"], r"argument --repeats: expected a positive integer, got 0", id="repeats"),
+    pytest.param(["--scales", "x"], r"argument --scales", id="scales-text"),
+    pytest.param(["--suite", "gemm", "--scales", "1,0"], r"argument --scales: expected positive integers",
+                 id="scales-zero"),
+    pytest.param(["--suite", "gemm", "--scales", "1000"], r"--scales: 1000 is too large; at most 32",
+                 id="scales-huge"),
+    pytest.param(["--profile", "0"], r"argument --profile: expected a positive integer", id="profile-zero"),
+    pytest.param(["--profile", "100"], r"--profile: kv_len 100 is not a multiple of tile 128", id="profile-ragged"),
+    pytest.param(["--suite", "fast"], r"argument --suite: invalid choice", id="suite"),
+    pytest.param(["--kv-lens", "256", "--no-refs", "--out", "{tmp}/afile"], r"--out .*afile' is a file",
+                 id="out-is-file"),
+    pytest.param(["--kv-lens", "256", "--no-refs", "--out", "{tmp}/afile/sub"], r"--out .*is not a writable directory",
+                 id="out-under-file"),
+]
+
+
+@pytest.mark.parametrize("argv,pattern", BENCH_CASES)
+def test_bad_bench_invocation(argv, pattern, cli_tmp, capsys, monkeypatch):
+    from kbwork import bench
+    from kbwork.bench import gemm
+
+    # nothing may be measured before the arguments are checked
+    monkeypatch.setattr(bench, "run_decode_suite", lambda *a, **k: pytest.fail("measured before checking"))
+    monkeypatch.setattr(bench, "profile_case", lambda *a, **k: pytest.fail("profiled before checking"))
+    monkeypatch.setattr(gemm, "run_benchmark", lambda *a, **k: pytest.fail("measured before checking"))
+    code, out, err = _cli(["bench"] + [a.replace("{tmp}", str(cli_tmp)) for a in argv], capsys)
+    assert code == 2, (code, err)
+    assert re.search(pattern, err), f"{pattern!r} not in {err!r}"
+    assert "Traceback" not in err + out
+
+
 @pytest.mark.parametrize("argv,pattern", [
     (["run", "--variant", "opt2", "--kv-len", "256", "--npz", "x.txt"], r"--npz: 'x\.txt' does not end in \.npz"),
     (["compare", "--seed", "-1"], r"argument --seed"),
     (["compare", "--kv-len", "1000"], r"not a multiple of tile"),
+    (["bench", "--modes", "fast"], r"unknown mode 'fast'"),
     (["compare", "--topology", "no-such"], r"topology 'no-such' not found"),
-], ids=["npz-suffix", "seed", "kv-ragged", "topology"])
+], ids=["npz-suffix", "seed", "kv-ragged", "bench-modes", "topology"])
 def test_no_traceback_reaches_the_terminal(argv, pattern, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO), MPLBACKEND="Agg")
     p = subprocess.run([sys.executable, "-m", "kbwork.cli", *argv], cwd=tmp_path, env=env, capture_output=True,
