@@ -1,33 +1,90 @@
-"""The ``kbwork`` command: compare, run, golden, bench."""
+"""The ``kbwork`` command: compare, run, golden, bench.
+
+Every argument and every output path is checked before anything is
+simulated. A mistake ends with exit status 2 and one ``kbwork: error: ...``
+line (argparse's usage line too, for a malformed argument), never a
+traceback: that covers every :class:`~kbwork.errors.KbworkError` and an
+``OSError`` while writing an output. Outputs are written atomically to
+exactly the path given, which must end in the suffix of its kind (``--oplog``
+.csv, ``--trace`` .json, ``--npz`` .npz, ``--gantt`` .png); a wrong suffix is
+refused rather than silently changed.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from .errors import KbworkError
+from . import atomic
+from .config import FLOAT_RANGES, MAX_INT
+from .errors import KbworkError, ValidationError
+
+
+# --- argument types: argparse reports their message as "argument --flag: <message>" -------------------
+def int_range(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an int in ``[low, high]`` (no upper bound when ``high`` is None)."""
+    what = (f"an integer between {low} and {high}" if high is not None else
+            "a positive integer" if low == 1 else "a non-negative integer" if low == 0 else f"an integer >= {low}")
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
+        return value
+
+    parse.__name__ = "int"  # argparse names the type in some messages
+    return parse
+
+
+def float_range(low: float, high: float) -> Callable[[str], float]:
+    """An argparse type: a finite float in ``[low, high]``."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number between {low:g} and {high:g}, got {text!r}") from None
+        if not (math.isfinite(value) and low <= value <= high):
+            raise argparse.ArgumentTypeError(f"expected a number between {low:g} and {high:g}, got {text!r}")
+        return value
+
+    parse.__name__ = "float"
+    return parse
+
+
+positive_int = int_range(1)
+nonnegative_int = int_range(0)
 
 
 def _sim_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("decode and topology options")
-    g.add_argument("--kv-len", type=int, default=4096, help="KV length N (default 4096)")
-    g.add_argument("--tile", type=int, default=128, help="KV tile T (default 128)")
-    g.add_argument("--group", type=int, default=8, help="query rows per KV head G (default 8)")
-    g.add_argument("--head-dim", type=int, default=128, help="head dimension d (default 128)")
+    g.add_argument("--kv-len", type=positive_int, default=4096, help="KV length N (default 4096)")
+    g.add_argument("--tile", type=positive_int, default=128, help="KV tile T (default 128)")
+    g.add_argument("--group", type=positive_int, default=8, help="query rows per KV head G (default 8)")
+    g.add_argument("--head-dim", type=positive_int, default=128, help="head dimension d (default 128)")
     g.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"], help="storage dtype of q, k, v")
     g.add_argument("--mode", default="data", choices=["data", "timing"], help="data (numbers) or timing only")
-    g.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
+    g.add_argument("--seed", type=nonnegative_int, default=0, help="input seed, >= 0 (default 0)")
     g.add_argument("--topology", default=None, help="topology name or .toml path (default ahbm-pe-v1)")
-    g.add_argument("--fixed", type=int, default=None, help="dispatch FIXED cycles (default: topology)")
-    g.add_argument("--r", type=float, default=None, help="dispatch R cycles/byte (default: topology)")
+    g.add_argument("--fixed", type=int_range(0, MAX_INT), default=None,
+                   help="dispatch FIXED cycles (default: topology)")
+    g.add_argument("--r", type=float_range(0.0, FLOAT_RANGES["r_cycles_per_byte"][1]), default=None,
+                   help="dispatch R cycles/byte (default: topology)")
     g.add_argument("--hazard-policy", default=None, choices=["strict_fifo", "rw_aware"],
                    help="hazard policy (default: topology, strict_fifo)")
 
 
 def _kwargs(a: argparse.Namespace) -> dict[str, Any]:
+    if a.kv_len % a.tile:  # decode.run says so too, in its own argument names
+        raise ValidationError(f"--kv-len {a.kv_len} is not a multiple of tile {a.tile} (--tile); e.g. "
+                              f"--kv-len {max(1, round(a.kv_len / a.tile)) * a.tile}.")
     kw: dict[str, Any] = dict(kv_len=a.kv_len, tile=a.tile, group=a.group, head_dim=a.head_dim, dtype=a.dtype,
                               mode=a.mode, seed=a.seed, topology=a.topology)
     if a.fixed is not None:
@@ -59,9 +116,14 @@ def format_comparison(cmp: Any) -> str:
     errs = d["max_abs_err_vs_ref"]
     if errs is not None:
         lines.append(f"{'max |O - float64 ref|':28}{errs['opt2']:>12.3e}{errs['opt3']:>12.3e}")
+    if d["ratio"] is None or d["closed_form_ratio"] is None:  # FIXED = R = 0 (DESIGN.md §7)
+        ratio_line = (f"dispatch ratio opt3/opt2: undefined (opt2 dispatches 0 cycles per tile: every dispatch "
+                      f"is free at FIXED={p['fixed_cycles']}, R={p['r_cycles_per_byte']})")
+    else:
+        ratio_line = f"dispatch ratio opt3/opt2: {d['ratio']:.4f} (closed form {d['closed_form_ratio']:.4f})"
     lines += [
         "",
-        f"dispatch ratio opt3/opt2: {d['ratio']:.4f} (closed form {d['closed_form_ratio']:.4f})",
+        ratio_line,
         f"gate opt3 > 2 x opt2: {'PASS' if d['gate']['pass'] else 'FAIL'}",
         f"end-to-end: opt3 takes {d['speedup_opt3_over_opt2']:.3f}x the cycles of opt2",
     ]
@@ -75,9 +137,43 @@ def format_comparison(cmp: Any) -> str:
     return "\n".join(lines)
 
 
+class _OutputError(KbworkError):
+    """An output file could not be written (the CLI reports it like any other mistake)."""
+
+
+def _check_outputs(a: argparse.Namespace, outputs: tuple[tuple[str, str, str], ...]) -> None:
+    """Check every output path of ``a`` before simulating: ``(flag, attribute, suffix)`` each."""
+    for flag, attr, suffix in outputs:
+        path = getattr(a, attr, None)
+        if path is not None:
+            atomic.check_output_path(path, suffix=suffix, what=flag)
+
+
+def _write(flag: str, path: Path, write: Callable[[Path], Any], note: str = "") -> None:
+    """Run ``write(path)`` (atomic underneath) and say so; an OSError becomes a one-line error."""
+    try:
+        write(path)
+    except OSError as exc:
+        raise _OutputError(f"{flag}: could not write {str(path)!r}: {exc.strerror or exc}; "
+                           f"any previous file there is unchanged.") from None
+    print(f"wrote {path}{note}", file=sys.stderr)
+
+
+def _save_png(fig: Any) -> Callable[[Path], Any]:
+    def write(path: Path) -> None:
+        import matplotlib.pyplot as plt
+
+        try:
+            atomic.write_with(path, lambda f: fig.savefig(f, format="png", dpi=120))
+        finally:
+            plt.close(fig)
+    return write
+
+
 def cmd_compare(a: argparse.Namespace) -> int:
     from . import decode
 
+    _check_outputs(a, (("--gantt", "gantt", ".png"),))
     cmp = decode.compare(**_kwargs(a))
     if a.json:
         print(json.dumps(cmp.to_dict(), indent=2))
@@ -86,16 +182,26 @@ def cmd_compare(a: argparse.Namespace) -> int:
     if a.gantt:
         from . import plots
 
-        fig = plots.compare_gantt(cmp.opt2.op_log, cmp.opt3.op_log, tiles=a.gantt_tiles,
+        tiles = min(a.gantt_tiles, cmp.opt2.n_tiles)
+        if tiles < a.gantt_tiles:
+            print(f"kbwork: note: the run has {cmp.opt2.n_tiles} tiles; --gantt draws {tiles}, "
+                  f"not {a.gantt_tiles}", file=sys.stderr)
+        fig = plots.compare_gantt(cmp.opt2.op_log, cmp.opt3.op_log, tiles=tiles,
                                   clock_ghz=cmp.opt2.topology.clock_ghz)
-        fig.savefig(a.gantt, dpi=120)
-        print(f"wrote {a.gantt}", file=sys.stderr)
+        _write("--gantt", a.gantt, _save_png(fig))
     return 0
+
+
+RUN_OUTPUTS = (("--oplog", "oplog", ".csv"), ("--npz", "npz", ".npz"), ("--trace", "trace", ".json"),
+               ("--gantt", "gantt", ".png"))
 
 
 def cmd_run(a: argparse.Namespace) -> int:
     from . import decode
 
+    _check_outputs(a, RUN_OUTPUTS)
+    if a.npz is not None and a.mode != "data":
+        raise ValidationError("--npz needs --mode data: a timing-mode run computes no numbers to save.")
     r = decode.run(a.variant, **_kwargs(a))
     print(r)
     ds = r.dispatch_per_tile
@@ -104,21 +210,17 @@ def cmd_run(a: argparse.Namespace) -> int:
     if r.O is not None:
         print(f"max |O - float64 reference| = {r.error:.3e}")
     if a.oplog:
-        r.to_csv(a.oplog)
-        print(f"wrote {a.oplog}", file=sys.stderr)
+        _write("--oplog", a.oplog, r.to_csv)
     if a.npz:
-        r.to_npz(a.npz)
-        print(f"wrote {a.npz}", file=sys.stderr)
+        _write("--npz", a.npz, r.to_npz)
     if a.trace:
-        r.to_perfetto(a.trace)
-        print(f"wrote {a.trace} (open it in https://ui.perfetto.dev)", file=sys.stderr)
+        _write("--trace", a.trace, r.to_perfetto, " (open it in https://ui.perfetto.dev)")
     if a.gantt:
         from . import plots
 
         ax = plots.gantt(r.op_log, window=plots.tile_window(r.op_log, range(min(3, r.n_tiles))),
                          clock_ghz=r.topology.clock_ghz, title=f"{a.variant}, first tiles")
-        ax.figure.savefig(a.gantt, dpi=120)
-        print(f"wrote {a.gantt}", file=sys.stderr)
+        _write("--gantt", a.gantt, _save_png(ax.figure))
     return 0
 
 
@@ -126,7 +228,11 @@ def cmd_golden(a: argparse.Namespace) -> int:
     from . import golden
 
     if a.update:
-        changed = golden.update()
+        try:
+            changed = golden.update()
+        except OSError as exc:
+            raise _OutputError(f"golden --update: could not write {exc.filename!r}: {exc.strerror or exc}; "
+                               f"that golden is unchanged.") from None
         print("goldens rewritten: " + (", ".join(changed) if changed else "none changed"))
         return 0
     problems = golden.check()
@@ -146,17 +252,18 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compare", help="opt2 vs opt3: dispatch ratio, gate, cycles, numerics")
     _sim_options(c)
     c.add_argument("--json", action="store_true", help="print the comparison as JSON")
-    c.add_argument("--gantt", type=Path, help="write a side-by-side Gantt of a few tiles to this PNG")
-    c.add_argument("--gantt-tiles", type=int, default=3, help="tiles shown in --gantt (default 3)")
+    c.add_argument("--gantt", type=Path, help="write a side-by-side Gantt of a few tiles to this .png file")
+    c.add_argument("--gantt-tiles", type=positive_int, default=3,
+                   help="tiles shown in --gantt, at most the run's tiles (default 3)")
     c.set_defaults(fn=cmd_compare)
 
     r = sub.add_parser("run", help="simulate one decode variant")
     r.add_argument("--variant", required=True, choices=["opt2", "opt3"])
     _sim_options(r)
-    r.add_argument("--oplog", type=Path, help="write the op_log CSV here")
-    r.add_argument("--npz", type=Path, help="write inputs q, k, v and final m, l, O here (data mode)")
-    r.add_argument("--trace", type=Path, help="write a Perfetto/Chrome-trace JSON here")
-    r.add_argument("--gantt", type=Path, help="write a Gantt PNG of the first tiles here")
+    r.add_argument("--oplog", type=Path, help="write the op_log CSV to this .csv file")
+    r.add_argument("--npz", type=Path, help="write inputs q, k, v and final m, l, O to this .npz file (data mode)")
+    r.add_argument("--trace", type=Path, help="write a Perfetto/Chrome-trace JSON to this .json file")
+    r.add_argument("--gantt", type=Path, help="write a Gantt of the first tiles to this .png file")
     r.set_defaults(fn=cmd_run)
 
     g = sub.add_parser("golden", help="check or rewrite the golden op_logs in data/golden/")
@@ -171,17 +278,40 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["bench"]:
-        from .bench import main as bench_main
+    """Run the ``kbwork`` command.
 
-        return bench_main(argv[1:])
-    args = build_parser().parse_args(argv)
+    Returns:
+        The exit status: 0 on success, 1 when ``golden --check`` finds a
+        difference (or the bench a SimPy mismatch), 2 on a mistake in the
+        arguments or a failed output write (after printing one
+        ``kbwork: error: ...`` line to stderr).
+
+    Raises:
+        SystemExit: from argparse, with status 2 after its usage and error
+            lines, for a malformed argument (and 0 for ``--help``).
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        if argv[:1] == ["bench"]:
+            from .bench import main as bench_main
+
+            return bench_main(argv[1:])
+        args = build_parser().parse_args(argv)
         return args.fn(args)
     except KbworkError as exc:
         print(f"kbwork: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("kbwork: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # the reader went away (`kbwork compare | head`): nothing is wrong, and Python must not
+        # complain again when it flushes stdout at exit
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        return 1
 
 
 if __name__ == "__main__":

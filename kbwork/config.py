@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import functools
 import math
 import numbers
 import os
@@ -27,7 +26,7 @@ from .errors import ConfigError
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 TOPOLOGY_DIR = DATA_DIR / "topology"
 DEFAULT_TOPOLOGY = "ahbm-pe-v1"
-#: The shipped topologies by name, resolved once (a run looks its topology up every time).
+#: The shipped topologies by name (file paths only; the files are read on every load).
 _BUILTIN_PATHS: dict[str, Path] = ({p.stem: p.resolve() for p in sorted(TOPOLOGY_DIR.glob("*.toml"))}
                                    if TOPOLOGY_DIR.is_dir() else {})
 
@@ -128,6 +127,20 @@ def _check_keys(d: dict[str, Any], where: str) -> None:
                 f"Known keys: {', '.join(sorted(_FIELDS))}.")
 
 
+#: Upper bounds, far above anything a real PE model needs: they turn a typo such as
+#: ``fixed_cycles=10**19`` into a ConfigError at load time instead of an int64 overflow deep in a
+#: run. 2**32 keeps every cycle sum of the largest run decode allows inside int64 (the op_log's
+#: dtype); a 1 GiB TCM is 1024 times the default, and data mode backs the TCM with host memory.
+MAX_INT = 1 << 32
+MAX_TCM_BYTES = 1 << 30
+#: ``(low, high)`` for the float keys; ``low`` is exclusive where zero makes no machine.
+FLOAT_RANGES = {"clock_ghz": (1e-3, 1e3), "r_cycles_per_byte": (0.0, 1e6)}
+
+
+def _int_bound(key: str) -> int:
+    return MAX_TCM_BYTES if key == "tcm_bytes" else MAX_INT
+
+
 def _validate(t: Topology) -> None:
     for key in _INT_KEYS:
         v = getattr(t, key)
@@ -140,25 +153,51 @@ def _validate(t: Topology) -> None:
                 v = int(v)
             else:
                 raise ConfigError(f"topology key {key!r} must be an integer number of cycles/bytes, "
-                                  f"got {v!r}.")
+                                  f"got {_describe(v)}.")
         _check_sign(key, v)
+        if v > _int_bound(key):
+            raise ConfigError(f"topology key {key!r} is {_num(v)}; the largest value kbwork accepts is "
+                              f"{_int_bound(key)} (2**{_int_bound(key).bit_length() - 1}).")
     for key in _FLOAT_KEYS:
         v = getattr(t, key)
         if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
-            raise ConfigError(f"topology key {key!r} must be a finite number, got {v!r}.")
+            raise ConfigError(f"topology key {key!r} must be a finite number, got {_describe(v)}.")
         object.__setattr__(t, key, float(v))
         v = float(v)
         _check_sign(key, v)
+        low, high = FLOAT_RANGES.get(key, (0.0, float(MAX_INT)))
+        if v > high or 0 < v < low:
+            raise ConfigError(f"topology key {key!r} is {_num(v)}; it must lie between {low:g} and {high:g}.")
+    if not isinstance(t.hazard_policy, str):
+        raise ConfigError(f"topology key 'hazard_policy' must be a string, got {_describe(t.hazard_policy)}; "
+                          f"use one of {', '.join(HAZARD_POLICIES)}.")
     if t.hazard_policy not in HAZARD_POLICIES:
         raise ConfigError(f"topology key 'hazard_policy' is {t.hazard_policy!r}; "
                           f"use one of {', '.join(HAZARD_POLICIES)}.")
     if not isinstance(t.name, str) or not t.name:
-        raise ConfigError("topology key 'name' must be a non-empty string.")
+        raise ConfigError(f"topology key 'name' must be a non-empty string, got {_describe(t.name)}.")
+
+
+def _describe(v: Any) -> str:
+    """``v`` and, where it is not what it looks like, its type (``'40'`` is a string in TOML)."""
+    if isinstance(v, str):
+        return f"the string {_short(repr(v))} (write numbers without quotes)"
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return _num(v)
+    return f"{_short(repr(v))} (a {type(v).__name__})"
+
+
+def _num(v: float) -> str:
+    return f"{v:.3e}" if abs(v) >= 1e15 else repr(v)
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _check_sign(key: str, v: float) -> None:
     if v < 0:
-        raise ConfigError(f"topology key {key!r} is {v}; it cannot be negative.")
+        raise ConfigError(f"topology key {key!r} is {_num(v)}; it cannot be negative.")
     if v == 0 and key not in _MAY_BE_ZERO:
         raise ConfigError(f"topology key {key!r} is 0; it must be positive "
                           f"(a zero bandwidth, size or clock makes no machine).")
@@ -178,52 +217,93 @@ def _flatten(doc: dict[str, Any], path: str) -> dict[str, Any]:
     return flat
 
 
-def load_topology(name_or_path: str | Path | None = None, **overrides: Any) -> Topology:
+def load_topology(name_or_path: str | os.PathLike[str] | Topology | None = None, **overrides: Any) -> Topology:
     """Load a topology and apply flat keyword overrides.
+
+    The file is read and parsed on every call (a few hundred microseconds):
+    nothing is cached, so an edited file is always what you get.
 
     Args:
         name_or_path: ``None`` for the default ``ahbm-pe-v1``, a name of a file in
-            ``data/topology/`` (without ``.toml``), or a path to a TOML file.
+            ``data/topology/`` (without ``.toml``), a path to a TOML file, or a
+            :class:`Topology` (returned as is, or with the overrides applied).
         **overrides: flat keys such as ``fixed_cycles=80, r_cycles_per_byte=0.1``.
 
     Returns:
         A frozen, validated :class:`Topology`.
 
     Raises:
-        ConfigError: the file is missing or malformed, a key is unknown, or a
-            value is nonsensical (negative cycles, zero bandwidth, ...).
+        ConfigError: ``name_or_path`` is of the wrong type; the file is
+            missing, a directory, unreadable, not UTF-8 or not valid TOML; a key is
+            unknown; or a value is nonsensical (negative cycles, zero bandwidth,
+            a string where a number belongs, beyond the bounds in :data:`MAX_INT`).
     """
     if isinstance(name_or_path, Topology):
         return name_or_path.replace(**overrides) if overrides else name_or_path
+    if name_or_path is not None and not isinstance(name_or_path, (str, os.PathLike)):
+        raise ConfigError(f"topology must be a name (e.g. {DEFAULT_TOPOLOGY!r}), a path to a .toml file or a "
+                          f"Topology, got {_short(repr(name_or_path))} (a {type(name_or_path).__name__}).")
     name = DEFAULT_TOPOLOGY if name_or_path is None else name_or_path
     path = _BUILTIN_PATHS.get(name) if isinstance(name, str) else None
     if path is None:
-        path = Path(name)
-        if path.suffix != ".toml" and not path.exists():
+        try:
+            path = Path(name)
+        except TypeError:  # a PathLike whose __fspath__ gives bytes
+            raise ConfigError(f"topology path {name!r} must be text, not bytes.") from None
+        if str(name) == "":
+            raise ConfigError(f"topology name is empty; use {DEFAULT_TOPOLOGY!r} or a path to a .toml file.")
+        if "\0" in str(name):
+            raise ConfigError(f"topology {_short(repr(str(name)))} contains a NUL character; no file can have "
+                              f"that name.")
+        if path.suffix != ".toml" and not _exists(path):
             path = TOPOLOGY_DIR / f"{name}.toml"
-        path = path.resolve()
-    try:
-        st = os.stat(path)
-        mtime = st.st_mtime_ns if stat.S_ISREG(st.st_mode) else None
-    except OSError:
-        mtime = None
-    if mtime is None:
-        known = sorted(p.stem for p in TOPOLOGY_DIR.glob("*.toml")) if TOPOLOGY_DIR.is_dir() else []
-        raise ConfigError(f"topology {str(name)!r} not found (looked for {path}). "
-                          f"Known topologies: {', '.join(known) or 'none'}; or pass a path to a .toml file.")
-    base = _load_file(str(path), mtime)
+    base = _load_file(path, str(name))
     if not overrides:
         return base
     return base.replace(**overrides)
 
 
-@functools.lru_cache(maxsize=32)
-def _load_file(path: str, mtime_ns: int) -> Topology:
-    """Parse and validate a topology file (cached until the file changes)."""
+def _exists(path: Path) -> bool:
     try:
-        doc = tomllib.loads(Path(path).read_text())
+        return path.exists()
+    except OSError:  # e.g. a name too long for the file system: then it is no file
+        return False
+
+
+def _load_file(path: Path, name: str) -> Topology:
+    """Read, parse and validate one topology file.
+
+    Raises:
+        ConfigError: naming the file, for every way reading it can fail.
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        known = sorted(_BUILTIN_PATHS)
+        raise ConfigError(f"topology {_short(repr(name))} not found (looked for {_short(str(path))}). "
+                          f"Known topologies: {', '.join(known) or 'none'}; or pass a path to a .toml file.") from None
+    except OSError as exc:
+        raise ConfigError(f"{_short(str(path))}: cannot read the topology file: {exc.strerror or exc}.") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"topology {name!r} is a directory ({path}); pass a .toml file inside it.")
+    if not stat.S_ISREG(st.st_mode):  # a pipe or a device would block or read nothing
+        raise ConfigError(f"topology {name!r} ({path}) is not a regular file; pass a .toml file.")
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the topology file: {exc.strerror or exc}.") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not a UTF-8 text file (byte {exc.start} is {raw[exc.start]:#04x}); "
+                          f"TOML files must be UTF-8.") from None
+    try:
+        doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    flat = _flatten(doc, path)
-    _check_keys(flat, where=path)
-    return Topology(**flat, source=path)
+    flat = _flatten(doc, str(path))
+    _check_keys(flat, where=str(path))
+    try:
+        return Topology(**flat, source=os.path.abspath(path))
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None

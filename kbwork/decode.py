@@ -14,6 +14,7 @@ end-to-end cycles and the numerical agreement against a float64 reference.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,14 +22,21 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from . import analysis
+from . import analysis, atomic
 from .config import Topology, load_topology
-from .errors import ValidationError
+from .errors import ConfigError, ValidationError
 from .kernels.gqa_decode import DEFAULT_VARIANTS, VARIANTS, gqa_decode
 from .memory import DTYPES, canonical_dtype
-from .sim import Run, Simulator
+from .sim import MODES, Run, Simulator
 
 DEFAULTS = dict(kv_len=4096, group=8, head_dim=128, tile=128, dtype="bf16", mode="data", seed=0)
+
+#: The most KV tiles one run simulates: a timing-mode run holds about 15 KB per tile (commands,
+#: stages, op_log), so 2**18 tiles (32M tokens at tile 128) is already several GB.
+MAX_TILES = 1 << 18
+#: The most bytes data mode may spend on q, k and v as float32 (kv_len 4M at head_dim 128);
+#: the simulated HBM and the reference need as much again. Timing mode keeps no numbers.
+MAX_DATA_BYTES = 1 << 32
 
 
 # --- inputs and references ---------------------------------------------------------------------
@@ -67,6 +75,67 @@ def baseline(q: np.ndarray, k: np.ndarray, v: np.ndarray, dtype: str) -> np.ndar
 
 def _max_abs(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+
+
+# --- argument checks (before anything is allocated or simulated) -------------------------------
+def _check_variant(variant: Any, where: str = "decode.run") -> None:
+    if not isinstance(variant, str) or variant not in VARIANTS:
+        raise ValidationError(f"{where}: decode variant {variant!r} is unknown; use one of {', '.join(VARIANTS)}.")
+
+
+def _check_mode(mode: Any, where: str = "decode.run") -> None:
+    if not isinstance(mode, str) or mode not in MODES:
+        raise ValidationError(f"{where}: mode {mode!r} is unknown; use 'data' (numbers) or 'timing' (schedule only).")
+
+
+def _check_seed(seed: Any, where: str = "decode.run") -> None:
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise ValidationError(f"{where}: seed must be a non-negative int, got {seed!r} "
+                              f"({type(seed).__name__}); e.g. seed=0.")
+
+
+def _check_sizes(*, where: str = "decode.run", **sizes: Any) -> None:
+    for name, val in sizes.items():
+        if isinstance(val, (bool, np.bool_)) or not isinstance(val, numbers.Integral) or val <= 0:
+            raise ValidationError(f"{where}: {name} must be a positive int, got {val!r} ({type(val).__name__}).")
+    kv_len, tile = sizes["kv_len"], sizes["tile"]
+    if kv_len % tile:
+        raise ValidationError(f"{where}: kv_len {kv_len} is not a multiple of tile {tile}; "
+                              f"pick a kv_len that is (ragged last tiles are not supported).")
+    if kv_len // tile > MAX_TILES:
+        raise ValidationError(f"{where}: kv_len {kv_len} / tile {tile} is {kv_len // tile} tiles; one run "
+                              f"simulates at most {MAX_TILES} (about 15 KB of memory per tile). Use a larger "
+                              f"tile or a shorter kv_len.")
+
+
+def _input_bytes(kv_len: int, group: int, head_dim: int) -> int:
+    return 4 * head_dim * (group + 2 * kv_len)
+
+
+def _check_data_bytes(kv_len: int, group: int, head_dim: int, where: str = "decode.run") -> None:
+    need = _input_bytes(kv_len, group, head_dim)
+    if need > MAX_DATA_BYTES:
+        raise ValidationError(f"{where}: data mode at kv_len={kv_len}, group={group}, head_dim={head_dim} needs "
+                              f"{_fmt_bytes(need)} for q, k and v as float32, over the {_fmt_bytes(MAX_DATA_BYTES)} "
+                              f"limit; use mode='timing' (no numbers) or smaller sizes.")
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def _real_array(name: str, x: Any) -> np.ndarray:
+    """``x`` as a numpy array of real numbers, or a ValidationError naming ``name``."""
+    try:
+        arr = np.asarray(x)
+    except (TypeError, ValueError) as exc:  # ragged nested lists
+        raise ValidationError(f"decode.run: {name} is not an array of numbers: {exc}") from None
+    if arr.dtype.kind not in "iuf" and arr.dtype not in DTYPES.values():  # bf16 is kind 'V'
+        raise ValidationError(f"decode.run: {name} must hold real numbers (int or float), got dtype {arr.dtype}.")
+    return arr
 
 
 # --- one variant -------------------------------------------------------------------------------
@@ -153,13 +222,25 @@ class DecodeRun:
     def to_perfetto(self, path: str | Path | None = None) -> dict:
         return self.run.to_perfetto(path)
 
-    def to_npz(self, path: str | Path) -> None:
-        """Write the inputs (q, k, v), the final state (m, l, O) and the run parameters to an NPZ."""
+    def to_npz(self, path: str | Path) -> Path:
+        """Write the inputs (q, k, v), the final state (m, l, O) and the run parameters to an NPZ.
+
+        The file is written atomically to exactly ``path`` (``np.savez`` given a
+        name would append ``.npz`` to one without it; here nothing is appended).
+
+        Returns:
+            The path written.
+
+        Raises:
+            ValidationError: a timing-mode run (it has no numbers).
+            OSError: the file cannot be written; an existing file is left intact.
+        """
         if self.q is None:
             raise ValidationError("a timing-mode run has no numbers to save; run with mode='data'.")
         meta = {k: np.asarray(v) for k, v in self.params.items() if k != "topology"}
-        np.savez(path, q=self.q, k=self.k, v=self.v, m=self.m, l=self.l, O=self.O,
-                 scale=np.float64(1.0 / math.sqrt(self.q.shape[1])), variant=np.asarray(self.variant), **meta)
+        arrays = dict(q=self.q, k=self.k, v=self.v, m=self.m, l=self.l, O=self.O,
+                      scale=np.float64(1.0 / math.sqrt(self.q.shape[1])), variant=np.asarray(self.variant), **meta)
+        return atomic.write_with(path, lambda f: np.savez(f, **arrays))
 
 
 def run(variant: str, *, kv_len: int = 4096, group: int = 8, head_dim: int = 128, tile: int = 128,
@@ -182,35 +263,44 @@ def run(variant: str, *, kv_len: int = 4096, group: int = 8, head_dim: int = 128
         A :class:`DecodeRun`.
 
     Raises:
-        ValidationError: bad variant, shapes or kv length. ConfigError: bad topology keys.
+        ValidationError: an unknown variant, mode or dtype; a seed that is not a
+            non-negative int; bad shapes or kv length; more than :data:`MAX_TILES`
+            tiles, or data-mode inputs beyond :data:`MAX_DATA_BYTES`.
+        ConfigError: a bad topology (wrong type, missing file, bad keys or values).
+        TcmOverflowError: the run's tiles do not fit in the TCM.
     """
-    if variant not in VARIANTS:
-        raise ValidationError(f"decode variant {variant!r} is unknown; use one of {', '.join(VARIANTS)}.")
+    _check_variant(variant)
+    _check_mode(mode)
+    _check_seed(seed)
     dtype = canonical_dtype(dtype)
     topo = load_topology(topology, **overrides)
     given = [x is not None for x in (q, k, v)]
     if any(given) and not all(given):
         raise ValidationError("decode.run: pass all of q, k and v, or none of them (then seed= draws them).")
     if all(given):
-        q, k, v = (np.asarray(x) for x in (q, k, v))
+        q, k, v = (_real_array(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
         if q.ndim != 2 or k.ndim != 2 or k.shape != v.shape or k.shape[1] != q.shape[1]:
             raise ValidationError(f"decode.run: q must be (G, d) and k, v (N, d); got q {q.shape}, k {k.shape}, "
                                   f"v {v.shape}.")
         q, k, v = (_round(x, dtype) for x in (q, k, v))
         group, head_dim = q.shape
         kv_len = k.shape[0]
-    for name, val in (("kv_len", kv_len), ("group", group), ("head_dim", head_dim), ("tile", tile)):
-        if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val <= 0:
-            raise ValidationError(f"decode.run: {name} must be a positive int, got {val!r}.")
-    if kv_len % tile:
-        raise ValidationError(f"decode.run: kv_len {kv_len} is not a multiple of tile {tile}; "
-                              f"pick a kv_len that is (ragged last tiles are not supported).")
+    _check_sizes(kv_len=kv_len, group=group, head_dim=head_dim, tile=tile)
+    if mode == "data" and q is None:
+        _check_data_bytes(kv_len, group, head_dim)
     sim = Simulator(topo, mode=mode)
     data = mode == "data"
-    if data and q is None:
-        q, k, v = make_inputs(kv_len, group, head_dim, dtype, seed)
     if data:
-        qh, kh, vh = sim.hbm("q", q, dtype=dtype), sim.hbm("K", k, dtype=dtype), sim.hbm("V", v, dtype=dtype)
+        try:
+            if q is None:
+                q, k, v = make_inputs(kv_len, group, head_dim, dtype, seed)
+            qh, kh, vh = sim.hbm("q", q, dtype=dtype), sim.hbm("K", k, dtype=dtype), sim.hbm("V", v, dtype=dtype)
+        except MemoryError:
+            # under MAX_DATA_BYTES but more than this machine has free: still say what was asked
+            need = _input_bytes(kv_len, group, head_dim)
+            raise ValidationError(f"decode.run: not enough memory for data-mode inputs of kv_len={kv_len}, "
+                                  f"group={group}, head_dim={head_dim} ({_fmt_bytes(need)} as float32, as much "
+                                  f"again in the simulated HBM); use mode='timing' or smaller sizes.") from None
     else:
         qh = sim.hbm("q", shape=(group, head_dim), dtype=dtype)
         kh = sim.hbm("K", shape=(kv_len, head_dim), dtype=dtype)
@@ -218,7 +308,7 @@ def run(variant: str, *, kv_len: int = 4096, group: int = 8, head_dim: int = 128
     out = sim.hbm("out", shape=(group, head_dim), dtype="fp32")
     r = sim.run(gqa_decode, qh, kh, vh, out, variant=variant, tile=tile)
     params = dict(kv_len=int(kv_len), group=int(group), head_dim=int(head_dim), tile=int(tile), dtype=dtype,
-                  mode=mode, seed=seed, fixed_cycles=topo.fixed_cycles, r_cycles_per_byte=topo.r_cycles_per_byte,
+                  mode=mode, seed=int(seed), fixed_cycles=topo.fixed_cycles, r_cycles_per_byte=topo.r_cycles_per_byte,
                   hazard_policy=topo.hazard_policy, topology=topo.name)
     res = DecodeRun(variant, r, params)
     if data:
@@ -247,8 +337,10 @@ class Comparison:
     err_baseline: float | None = None
 
     def __repr__(self) -> str:
+        ratio = ("undefined" if self.ratio is None else
+                 f"{self.ratio:.2f} (closed form {_fmt_ratio(self.closed_form_ratio)})")
         return (f"Comparison(dispatch/tile opt3 {self.dispatch_opt3} vs opt2 {self.dispatch_opt2}: ratio "
-                f"{self.ratio:.2f} (closed form {self.closed_form_ratio:.2f}), gate {'PASS' if self.gate else 'FAIL'}; "
+                f"{ratio}, gate {'PASS' if self.gate else 'FAIL'}; "
                 f"cycles opt3 {self.cycles_opt3} vs opt2 {self.cycles_opt2})")
 
     @property
@@ -256,13 +348,25 @@ class Comparison:
         return self.opt2.params
 
     @property
-    def ratio(self) -> float:
-        """Simulated per-tile dispatch ratio opt3 / opt2."""
-        return self.dispatch_opt3 / self.dispatch_opt2
+    def ratio(self) -> float | None:
+        """Simulated per-tile dispatch ratio opt3 / opt2, or ``None`` when opt2's dispatch is 0
+        (FIXED = R = 0: every dispatch is free, the ratio has no value; see :attr:`ratio_note`)."""
+        return None if self.dispatch_opt2 == 0 else self.dispatch_opt3 / self.dispatch_opt2
 
     @property
-    def closed_form_ratio(self) -> float:
-        return self.closed_form_opt3 / self.closed_form_opt2
+    def closed_form_ratio(self) -> float | None:
+        """The closed-form ratio opt3 / opt2, or ``None`` when opt2's closed form is 0."""
+        return None if self.closed_form_opt2 == 0 else self.closed_form_opt3 / self.closed_form_opt2
+
+    @property
+    def ratio_note(self) -> str | None:
+        """Why :attr:`ratio` is ``None`` (DESIGN.md §7), or ``None`` when the ratio is defined."""
+        if self.ratio is not None and self.closed_form_ratio is not None:
+            return None
+        p = self.params
+        return (f"opt2 dispatches 0 cycles per tile (every dispatch costs 0 at FIXED={p['fixed_cycles']}, "
+                f"R={p['r_cycles_per_byte']}), so opt3/opt2 has no value; the gate opt3 > 2 x opt2 "
+                f"({self.dispatch_opt3} > {2 * self.dispatch_opt2}) fails")
 
     @property
     def gate(self) -> bool:
@@ -306,7 +410,12 @@ class Comparison:
         return pd.DataFrame(rows).set_index("variant")
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field as plain JSON-serialisable values."""
+        """Every field as plain JSON-serialisable values.
+
+        ``ratio`` and ``closed_form_ratio`` are ``None`` (JSON ``null``) when
+        opt2's dispatch is 0, and ``ratio_note`` then says why; otherwise the
+        note is ``None``.
+        """
         return {
             "params": dict(self.params),
             "dispatch_per_tile": {"opt2": self.dispatch_opt2, "opt3": self.dispatch_opt3},
@@ -315,6 +424,7 @@ class Comparison:
                                   "opt3": len(self.opt3.command_bytes_per_tile)},
             "ratio": self.ratio,
             "closed_form_ratio": self.closed_form_ratio,
+            "ratio_note": self.ratio_note,
             "gate": {"rule": "opt3 > 2 x opt2", "pass": self.gate, "closed_form_pass": self.closed_form_gate},
             "cycles": {"opt2": self.cycles_opt2, "opt3": self.cycles_opt3},
             "us": {"opt2": self.opt2.topology.cycles_to_us(self.cycles_opt2),
@@ -326,6 +436,10 @@ class Comparison:
                                     "baseline": self.err_baseline, "bound": self.error_bound,
                                     "pass": self.numerics_ok}),
         }
+
+
+def _fmt_ratio(x: float | None) -> str:
+    return "undefined" if x is None else f"{x:.2f}"
 
 
 def _uniform(series: pd.Series, what: str) -> int:
@@ -343,7 +457,11 @@ def compare(*, kv_len: int = 4096, group: int = 8, head_dim: int = 128, tile: in
         A :class:`Comparison` with the per-tile dispatch of both variants, the
         ratio and its closed form, the gate, end-to-end cycles, and (data mode)
         max |opt2 − opt3| for m, l, O and each variant's error against the
-        float64 reference.
+        float64 reference. At FIXED = R = 0 every dispatch costs 0: the ratios
+        are ``None`` with a ``ratio_note`` and the gate fails (DESIGN.md §7).
+
+    Raises:
+        The errors of :func:`run`, before either variant is simulated.
     """
     kw = dict(kv_len=kv_len, group=group, head_dim=head_dim, tile=tile, dtype=dtype, mode=mode,
               topology=topology, seed=seed, **overrides)
@@ -366,6 +484,24 @@ def compare(*, kv_len: int = 4096, group: int = 8, head_dim: int = 128, tile: in
 # --- sweeps ------------------------------------------------------------------------------------
 SWEEP_AXES = ("kv_len", "tile", "group", "head_dim", "dtype", "fixed_cycles", "r_cycles_per_byte",
               "hazard_policy")
+_SIZE_AXES = ("kv_len", "tile", "group", "head_dim")
+
+
+def _check_axis_value(name: str, val: Any, base: Topology) -> None:
+    """Raise a typed error naming axis ``name`` if ``val`` cannot be one of its values."""
+    if name in _SIZE_AXES:
+        if isinstance(val, (bool, np.bool_)) or not isinstance(val, numbers.Integral) or val <= 0:
+            raise ValidationError(f"sweep: axis {name!r} takes positive ints, got {val!r} ({type(val).__name__}).")
+    elif name == "dtype":
+        try:
+            canonical_dtype(val)
+        except ValidationError as exc:
+            raise ValidationError(f"sweep: axis 'dtype': {exc}") from None
+    else:
+        try:
+            base.replace(**{name: val})
+        except ConfigError as exc:
+            raise ConfigError(f"sweep: axis {name!r}: {exc}") from None
 
 
 def sweep(*, variants: tuple[str, ...] = DEFAULT_VARIANTS, progress: bool = True, mode: str = "timing",
@@ -381,7 +517,10 @@ def sweep(*, variants: tuple[str, ...] = DEFAULT_VARIANTS, progress: bool = True
         ``commands``, ``stages`` and ``n_tiles``.
 
     Raises:
-        ValidationError: an unknown axis.
+        ValidationError: an unknown axis, an axis without values, a value of
+            the wrong type for its axis (the error names the axis), an unknown
+            variant or mode; checked before the first point is simulated.
+        ConfigError: a bad topology, or a topology value out of range.
     """
     import itertools
 
@@ -390,14 +529,31 @@ def sweep(*, variants: tuple[str, ...] = DEFAULT_VARIANTS, progress: bool = True
     unknown = [a for a in axes if a not in SWEEP_AXES]
     if unknown:
         raise ValidationError(f"sweep: unknown axis {', '.join(unknown)}; axes are {', '.join(SWEEP_AXES)}.")
+    if isinstance(variants, str) or not isinstance(variants, (list, tuple)) or not variants:
+        raise ValidationError(f"sweep: variants must be a non-empty list or tuple of names such as "
+                              f"{tuple(VARIANTS)!r}, got {variants!r}.")
+    for variant in variants:
+        _check_variant(variant, where="sweep")
+    _check_mode(mode, where="sweep")
     names = list(axes)
-    values = [v if isinstance(v, (list, tuple, range, np.ndarray)) else [v] for v in axes.values()]
+    values = [list(v) if isinstance(v, (list, tuple, range, np.ndarray)) else [v] for v in axes.values()]
+    base = load_topology(topology)
+    for name, vals in zip(names, values):  # every value checked before the first point runs
+        if not vals:
+            raise ValidationError(f"sweep: axis {name!r} has no values; give at least one.")
+        for val in vals:
+            _check_axis_value(name, val, base)
     points = list(itertools.product(*values))
+    for point in points:  # e.g. a kv_len that is not a multiple of some tile: fail now, not half-way
+        sizes = {n: dict(zip(names, point)).get(n, DEFAULTS[n]) for n in _SIZE_AXES}
+        _check_sizes(where="sweep", **sizes)
+        if mode == "data":
+            _check_data_bytes(sizes["kv_len"], sizes["group"], sizes["head_dim"], where="sweep")
     rows = []
     for point in bar(points, desc="sweep", enabled=progress and len(points) * len(variants) > 4):
         kw = dict(zip(names, point))
         for variant in variants:
-            r = run(variant, mode=mode, topology=topology, **kw)
+            r = run(variant, mode=mode, topology=base, **kw)
             per_tile = r.dispatch_per_tile
             rows.append({**{n: (v.item() if isinstance(v, np.generic) else v) for n, v in kw.items()},
                          "variant": variant, "cycles": r.cycles, "us": r.topology.cycles_to_us(r.cycles),

@@ -11,6 +11,7 @@ import difflib
 from pathlib import Path
 from typing import Callable
 
+from . import atomic
 from .config import DATA_DIR
 from .sim import Simulator
 
@@ -48,13 +49,18 @@ def check(directory: Path = GOLDEN_DIR) -> list[str]:
 
 
 def update(directory: Path = GOLDEN_DIR) -> list[str]:
-    """Rewrite every golden; return the names whose content changed."""
+    """Rewrite every golden (each atomically); return the names whose content changed.
+
+    Raises:
+        OSError: a golden cannot be written; the goldens not yet rewritten, and
+            the one that failed, keep their previous content.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     changed = []
     for name, make in golden_benches().items():
         path = directory / f"{name}.csv"
         text = make()
         if not path.exists() or path.read_text() != text:
-            path.write_text(text, newline="")
+            atomic.write_text(path, text)  # a failed write leaves the previous golden whole
             changed.append(name)
     return changed

@@ -17,6 +17,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from . import atomic
 from .pe.scheduler import Program
 from .pe.stages import Engine, Phase, StageKind
 
@@ -114,7 +115,7 @@ def to_csv(op_log: pd.DataFrame, path: str | Path | None = None) -> str:
     op_log.to_csv(buf, index=False, lineterminator="\n")
     text = buf.getvalue()
     if path is not None:
-        Path(path).write_text(text, newline="")
+        atomic.write_text(path, text)  # whole or not at all: a failed write keeps the old file
     return text
 
 
@@ -160,5 +161,5 @@ def to_perfetto(op_log: pd.DataFrame, path: str | Path | None = None, clock_ghz:
     trace = {"traceEvents": events, "displayTimeUnit": "ns",
              "otherData": {"clock_ghz": clock_ghz, "source": "kbwork"}}
     if path is not None:
-        Path(path).write_text(json.dumps(trace, separators=(",", ":")))
+        atomic.write_text(path, json.dumps(trace, separators=(",", ":")))
     return trace

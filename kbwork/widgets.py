@@ -6,6 +6,7 @@ can drive it without a browser or a kernel; the widgets only call it.
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import matplotlib.pyplot as plt
@@ -47,8 +48,9 @@ class CalibrationPanel:
 
     def __repr__(self) -> str:
         s = self.state
+        ratio = s.get("ratio")
         return (f"CalibrationPanel(FIXED={self.values['fixed']}, R={self.values['r']}, tile={self.values['tile']}, "
-                f"kv_len={self.values['kv_len']}: ratio {s.get('ratio', float('nan')):.3f}, "
+                f"kv_len={self.values['kv_len']}: ratio {'undefined' if ratio is None else f'{ratio:.3f}'}, "
                 f"gate {'PASS' if s.get('gate') else 'FAIL'})")
 
     # --- the logic -----------------------------------------------------------------------------
@@ -66,6 +68,14 @@ class CalibrationPanel:
             raise ValidationError(f"CalibrationPanel.update: unknown control(s) {unknown}; "
                                   f"controls are {list(self.values)}.")
         values = {**self.values, **changes}
+        for name in ("tile", "kv_len", "group"):  # checked here: the kv_len rounding below divides by tile
+            v = values[name]
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0:
+                raise ValidationError(f"CalibrationPanel.update: {name} must be a positive int, got {v!r}.")
+        for name in ("fixed", "r"):
+            v = values[name]
+            if isinstance(v, bool) or not isinstance(v, numbers.Real):
+                raise ValidationError(f"CalibrationPanel.update: {name} must be a number, got {v!r}.")
         if values["kv_len"] % values["tile"]:
             values["kv_len"] = max(values["tile"], values["kv_len"] // values["tile"] * values["tile"])
         cmp = decode.compare(kv_len=int(values["kv_len"]), tile=int(values["tile"]), group=int(values["group"]),
@@ -84,9 +94,15 @@ class CalibrationPanel:
         return self.state
 
     def ratio_text(self) -> str:
-        """The one-line verdict the panel shows."""
+        """The one-line verdict the panel shows.
+
+        At FIXED = R = 0 every dispatch costs 0 and the ratio has no value
+        (DESIGN.md §7): the text says so and the gate fails.
+        """
         s = self.state
         verdict = "PASS" if s["gate"] else "FAIL"
+        if s["ratio"] is None or s["closed_form_ratio"] is None:
+            return f"dispatch ratio undefined (every dispatch costs 0); gate opt3 > 2 x opt2: {verdict}"
         return (f"dispatch ratio opt3/opt2 = {s['ratio']:.3f} (closed form {s['closed_form_ratio']:.3f}); "
                 f"gate opt3 > 2 x opt2: {verdict}")
 

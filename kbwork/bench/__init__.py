@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -290,34 +291,126 @@ def profile_case(variant: str = "opt3", kv_len: int = 32768, top: int = 25) -> s
             f"{len(r.run.commands)} commands\nphases without the profiler: {phases}\n\n{buf.getvalue()}")
 
 
+def int_list(text: str) -> list[int]:
+    """An argparse type: comma-separated positive ints (``"1024,4096"``)."""
+    parts = [x.strip() for x in text.split(",")]
+    try:
+        values = [int(x) for x in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}") from None
+    bad = [v for v in values if v <= 0]
+    if bad:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {bad[0]} in {text!r}")
+    return values
+
+
+def mode_list(text: str) -> list[str]:
+    """An argparse type: comma-separated simulator modes (``"timing,data"``), duplicates dropped."""
+    modes = [x.strip() for x in text.split(",")]
+    bad = [m for m in modes if m not in ("timing", "data")]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown mode {bad[0]!r} in {text!r}; use timing, data or timing,data")
+    return list(dict.fromkeys(modes))
+
+
+def check_out_dir(out: Path) -> None:
+    """Raise ValidationError unless ``out`` is, or can be created as, a writable directory."""
+    from ..errors import ValidationError
+
+    try:
+        if out.exists() and not out.is_dir():
+            raise ValidationError(f"--out {str(out)!r} is a file; --out names a directory for decode.csv and "
+                                  f"decode.json.")
+        existing = out
+        while not existing.exists():  # created later: its nearest existing ancestor must allow that
+            existing = existing.parent
+    except OSError as exc:  # e.g. a name too long for the file system
+        raise ValidationError(f"--out {str(out)[:80]!r}: {exc.strerror or exc}.") from None
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ValidationError(f"--out {str(out)!r}: {str(existing)!r} is not a writable directory; "
+                              f"pick a directory you can write to.")
+
+
+#: The tile every decode case of the suite uses; --kv-lens must be multiples of it.
+TILE = 128
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run ``kbwork bench``.
+
+    Returns:
+        0, or 1 when SimPy and kbwork disagree on a case, or 2 for a bad
+        argument or a failed write (with one ``kbwork bench: error:`` line).
+        Every argument, and the ``--out`` directory, is checked before
+        anything is measured.
+
+    Raises:
+        SystemExit: from argparse for a malformed argument (status 2).
+    """
+    from ..errors import KbworkError
+
     p = argparse.ArgumentParser(prog="kbwork bench", description=__doc__.splitlines()[0])
     p.add_argument("--suite", choices=["decode", "gemm"], default="decode")
-    p.add_argument("--kv-lens", default=",".join(map(str, DEFAULT_KV)), help="decode kv lengths (comma-separated)")
-    p.add_argument("--modes", default="timing,data", help="comma-separated modes (default timing,data)")
+    p.add_argument("--kv-lens", type=int_list, default=list(DEFAULT_KV),
+                   help=f"decode kv lengths, multiples of {TILE} (comma-separated; default "
+                        f"{','.join(map(str, DEFAULT_KV))})")
+    p.add_argument("--modes", type=mode_list, default=["timing", "data"],
+                   help="comma-separated modes (default timing,data)")
     p.add_argument("--no-refs", action="store_true", help="skip the SimPy replay and the heap floor")
     p.add_argument("--out", type=Path, default=OUT_DIR, help=f"directory for the CSV/JSON (default {OUT_DIR})")
-    p.add_argument("--scales", default="1,2,4,8,12", help="GEMM suite: size multipliers")
-    p.add_argument("--repeats", type=int, default=3, help="GEMM suite: runs per case")
-    p.add_argument("--profile", type=int, metavar="KV_LEN",
-                   help="instead: print phase timings and a cProfile summary of one opt3 run at KV_LEN")
+    p.add_argument("--scales", type=int_list, default=[1, 2, 4, 8, 12],
+                   help="GEMM suite: size multipliers (default 1,2,4,8,12)")
+    p.add_argument("--repeats", type=positive_int, default=3, help="GEMM suite: runs per case (default 3)")
+    p.add_argument("--profile", type=positive_int, metavar="KV_LEN",
+                   help=f"instead: print phase timings and a cProfile summary of one opt3 run at KV_LEN "
+                        f"(a multiple of {TILE})")
     args = p.parse_args(argv)
-    if args.profile:
-        print(profile_case("opt3", args.profile))
-        return 0
-    if args.suite == "gemm":
-        from .gemm import main as gemm_main
+    from .. import decode
 
-        return gemm_main(["--scales", args.scales, "--repeats", str(args.repeats)])
-    if not args.no_refs:
+    for kv in ([args.profile] if args.profile else args.kv_lens if args.suite == "decode" else []):
         try:
-            import simpy  # noqa: F401
-        except ImportError:
-            print("kbwork bench: the SimPy reference needs simpy (pip install -e '.[bench]'), or pass --no-refs",
-                  file=sys.stderr)
-            return 2
-    result = run_decode_suite([int(x) for x in args.kv_lens.split(",")], args.modes.split(","),
-                              with_refs=not args.no_refs)
+            decode._check_sizes(where="--profile" if args.profile else "--kv-lens", kv_len=kv, group=8,
+                                head_dim=128, tile=TILE)
+        except KbworkError as exc:
+            p.error(str(exc))
+    try:
+        if args.profile:
+            print(profile_case("opt3", args.profile))
+            return 0
+        if args.suite == "gemm":
+            from .gemm import main as gemm_main
+
+            return gemm_main(["--scales", ",".join(map(str, args.scales)), "--modes", ",".join(args.modes),
+                              "--repeats", str(args.repeats)])
+        check_out_dir(args.out)
+        if not args.no_refs:
+            try:
+                import simpy  # noqa: F401
+            except ImportError:
+                print("kbwork bench: the SimPy reference needs simpy (pip install -e '.[bench]'), or pass --no-refs",
+                      file=sys.stderr)
+                return 2
+        return _decode_suite(args)
+    except KbworkError as exc:
+        print(f"kbwork bench: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an int >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _decode_suite(args: argparse.Namespace) -> int:
+    from .. import atomic
+
+    result = run_decode_suite(args.kv_lens, args.modes, with_refs=not args.no_refs)
     result["machine"] = {"python": platform.python_version(), "platform": platform.platform(),
                          "processor": platform.processor(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     print(format_rows(result["rows"]))
@@ -327,10 +420,15 @@ def main(argv: list[str] | None = None) -> int:
     bad = [r for r in result["rows"] if r.get("simpy_match") is False]
     for r in bad:
         print(f"MISMATCH: SimPy and kbwork disagree on {r['variant']} kv_len {r['kv_len']}", file=sys.stderr)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "decode.json").write_text(json.dumps(result, indent=1, default=float))
     import pandas as pd
 
-    pd.DataFrame(result["rows"]).to_csv(args.out / "decode.csv", index=False, lineterminator="\n")
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+        atomic.write_text(args.out / "decode.json", json.dumps(result, indent=1, default=float))
+        atomic.write_text(args.out / "decode.csv", pd.DataFrame(result["rows"]).to_csv(index=False,
+                                                                                        lineterminator="\n"))
+    except OSError as exc:
+        print(f"kbwork bench: error: could not write {exc.filename!r}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     print(f"\nwrote {args.out / 'decode.csv'} and {args.out / 'decode.json'}", file=sys.stderr)
     return 1 if bad else 0

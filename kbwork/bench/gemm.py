@@ -70,22 +70,55 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="kbwork bench --suite gemm", description=__doc__.splitlines()[0])
-    p.add_argument("--scales", default="1,2,4,8,12", help="comma-separated size multipliers (default 1,2,4,8,12)")
-    p.add_argument("--modes", default="timing,data", help="comma-separated modes (default timing,data)")
-    p.add_argument("--repeats", type=int, default=3, help="runs per case; the median is reported (default 3)")
-    p.add_argument("--json", type=Path, help="also write the rows as JSON to this file")
-    p.add_argument("--csv", type=Path, help="also write the rows as CSV to this file")
-    args = p.parse_args(argv)
-    rows = run_benchmark([int(s) for s in args.scales.split(",")], args.modes.split(","), args.repeats)
-    print(format_table(rows))
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
-    if args.csv:
-        import pandas as pd
+#: The largest size multiplier: a GEMM bench grows as scale**3 stages (scale 32 is ~600k stages).
+MAX_SCALE = 32
 
-        pd.DataFrame(rows).to_csv(args.csv, index=False, lineterminator="\n")
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``kbwork bench --suite gemm``.
+
+    Returns:
+        0, or 2 for a failed write of ``--json``/``--csv`` (one error line).
+        Every argument and output path is checked before anything is timed.
+
+    Raises:
+        SystemExit: from argparse for a bad argument (status 2).
+    """
+    from .. import atomic
+    from ..errors import KbworkError
+    from . import int_list, mode_list, positive_int
+
+    p = argparse.ArgumentParser(prog="kbwork bench --suite gemm", description=__doc__.splitlines()[0])
+    p.add_argument("--scales", type=int_list, default=[1, 2, 4, 8, 12],
+                   help=f"comma-separated size multipliers, at most {MAX_SCALE} (default 1,2,4,8,12)")
+    p.add_argument("--modes", type=mode_list, default=["timing", "data"],
+                   help="comma-separated modes (default timing,data)")
+    p.add_argument("--repeats", type=positive_int, default=3,
+                   help="runs per case; the median is reported (default 3)")
+    p.add_argument("--json", type=Path, help="also write the rows as JSON to this .json file")
+    p.add_argument("--csv", type=Path, help="also write the rows as CSV to this .csv file")
+    args = p.parse_args(argv)
+    big = [s for s in args.scales if s > MAX_SCALE]
+    if big:
+        p.error(f"--scales: {big[0]} is too large; at most {MAX_SCALE} (a GEMM bench grows as scale**3 stages)")
+    for flag, path, suffix in (("--json", args.json, ".json"), ("--csv", args.csv, ".csv")):
+        if path is not None:
+            try:
+                atomic.check_output_path(path, suffix=suffix, what=flag)
+            except KbworkError as exc:
+                p.error(str(exc))
+    rows = run_benchmark(args.scales, args.modes, args.repeats)
+    print(format_table(rows))
+    try:
+        if args.json:
+            atomic.write_text(args.json, json.dumps(rows, indent=1))
+        if args.csv:
+            import pandas as pd
+
+            atomic.write_text(args.csv, pd.DataFrame(rows).to_csv(index=False, lineterminator="\n"))
+    except OSError as exc:
+        print(f"kbwork bench: error: could not write {exc.filename!r}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     return 0
 
 

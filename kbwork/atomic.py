@@ -1,0 +1,169 @@
+"""Atomic file writes: every file kbwork writes appears whole or not at all.
+
+A write goes to a temporary file beside the target (same directory, so the
+same file system) and is moved onto the target with ``os.replace`` only once
+it is complete. A write that fails part-way (disk full, a file-size limit,
+an exception while producing the content) removes the temporary file and
+leaves an existing target exactly as it was.
+
+:func:`check_output_path` is the cheap check a command runs on an output
+path *before* it spends minutes simulating.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import stat
+from pathlib import Path
+from typing import IO, Any, Callable
+
+from .errors import ValidationError
+
+__all__ = ["write_text", "write_bytes", "write_with", "check_output_path"]
+
+
+def write_text(path: str | os.PathLike[str], text: str, *, encoding: str = "utf-8") -> Path:
+    """Write ``text`` to ``path`` atomically, byte for byte (no newline translation).
+
+    Returns:
+        The path written (exactly ``path``; no suffix is added).
+
+    Raises:
+        OSError: the file cannot be written (the message names ``path``); an
+            existing file at ``path`` is left intact.
+    """
+    data = text.encode(encoding)
+    return write_with(path, lambda f: f.write(data))
+
+
+def write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically. Returns and raises as :func:`write_text`."""
+    return write_with(path, lambda f: f.write(data))
+
+
+def write_with(path: str | os.PathLike[str], writer: Callable[[IO[bytes]], Any]) -> Path:
+    """Call ``writer(f)`` with a binary file object and move what it wrote onto ``path`` atomically.
+
+    ``writer`` may be any function that writes to a file object (``np.savez``,
+    ``fig.savefig(f, format="png")``, ...); it must not close ``f``.
+
+    An existing target that is not a regular file (``/dev/null``, a named
+    pipe) cannot be replaced; it is written in place, as ``open`` would.
+
+    Returns:
+        The path written (exactly ``path``).
+
+    Raises:
+        OSError: the file cannot be written; the message names ``path``, not
+            the temporary file. The temporary file is removed and an existing
+            target is left intact. Whatever ``writer`` raises propagates the
+            same way, after the same clean-up.
+    """
+    target = Path(path)
+    try:
+        st: os.stat_result | None = os.stat(target)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise _named(exc, target) from exc
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(errno.EISDIR, "is a directory, not a file", str(target))
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        with open(target, "wb") as f:  # a device or a pipe: there is nothing to replace
+            writer(f)
+        return target
+    # write beside the file a symlink points to, so the link survives and the rename stays on one device
+    real = Path(os.path.realpath(target)) if target.is_symlink() else target
+    tmp, fd = _create_temp(real)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            writer(f)
+            f.flush()
+            os.fsync(f.fileno())
+        if st is not None:
+            os.chmod(tmp, stat.S_IMODE(st.st_mode))  # replacing a file keeps its permissions
+        os.replace(tmp, real)
+    except BaseException as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(exc, OSError) and exc.errno is not None:
+            raise _named(exc, target) from exc
+        raise
+    return target
+
+
+def _create_temp(real: Path) -> tuple[Path, int]:
+    """Create an empty temporary file beside ``real``; return its path and an open descriptor.
+
+    ``os.open`` with mode 0o666 lets the umask decide the permissions, as for
+    any new file (``mkstemp`` would make it owner-only).
+    """
+    for _ in range(100):
+        tmp = real.with_name(f".{real.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            return tmp, os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise _named(exc, real) from exc
+    raise FileExistsError(errno.EEXIST, "could not create a temporary file beside it", str(real))
+
+
+def _named(exc: OSError, target: Path) -> OSError:
+    """The same kind of OSError (same errno), naming the target instead of a temporary file."""
+    return type(exc)(exc.errno, exc.strerror or os.strerror(exc.errno), str(target))
+
+
+def check_output_path(path: str | os.PathLike[str], *, suffix: str | None = None, what: str = "output") -> Path:
+    """Check, without writing anything, that ``path`` can be written as an output file.
+
+    The parent directory must exist and be a writable directory, ``path`` must
+    not be a directory (nor an existing read-only file), and, when ``suffix``
+    is given, its name must end with it (case-insensitively): kbwork writes
+    exactly the path it is given and never appends a suffix.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        ValidationError: naming ``what`` (e.g. ``"--oplog"``), the path and the fix.
+    """
+    p = Path(path)
+    shown = repr(str(path)) if len(str(path)) <= 80 else repr(str(path)[:77] + "...")
+    if str(path) == "" or p.name in ("", ".", ".."):
+        raise ValidationError(f"{what}: {shown} is not a file name; give a file path"
+                              + (f" ending in {suffix}" if suffix else "") + ".")
+    st = _stat(p, what, shown)
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise ValidationError(f"{what}: {shown} is a directory; give a file path inside it "
+                              f"(e.g. {p / ('out' + (suffix or ''))}).")
+    if suffix is not None and not p.name.lower().endswith(suffix.lower()):
+        raise ValidationError(f"{what}: {shown} does not end in {suffix}; kbwork writes exactly the path "
+                              f"it is given, so name the file *{suffix} (e.g. {p.stem or 'out'}{suffix}).")
+    parent = p.parent
+    parent_st = _stat(parent, what, shown)
+    if parent_st is None:
+        raise ValidationError(f"{what}: the directory {str(parent)!r} of {shown} does not exist; "
+                              f"create it first (mkdir -p {parent}).")
+    if not stat.S_ISDIR(parent_st.st_mode):
+        raise ValidationError(f"{what}: {str(parent)!r} in {shown} is not a directory.")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValidationError(f"{what}: the directory {str(parent)!r} is not writable; "
+                              f"pick a path in a directory you can write to.")
+    if st is not None and not os.access(p, os.W_OK):
+        raise ValidationError(f"{what}: {shown} exists and is read-only; pick another name or make it writable.")
+    return p
+
+
+def _stat(p: Path, what: str, shown: str) -> os.stat_result | None:
+    """``os.stat(p)``, or None when nothing is there; any other failure is a ValidationError."""
+    try:
+        return os.stat(p)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        raise ValidationError(f"{what}: cannot use {shown}: {exc.strerror or exc}.") from None

@@ -1,0 +1,459 @@
+"""Bad input gets a typed error that names the offending thing, never a bare Python exception.
+
+Table-driven: each row is one mistake a researcher can make, the KbworkError
+subclass it must raise and a regex its message must match (the regex names
+the offending key, argument, flag or file). The tables are grouped by entry
+point: ``TOML_CASES`` (topology files), ``CONFIG_CASES`` (``load_topology`` and
+``Topology.replace``), ``SIMULATOR_CASES``, ``DECODE_CASES`` (``decode.run``,
+``compare``, ``sweep``), ``CLI_CASES`` and ``BENCH_CASES`` (the ``kbwork``
+command, run in-process: exit status 2, a short message, no traceback).
+Kernel-language rows belong in tables of their own in this file.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kbwork
+from kbwork import ConfigError, KbworkError, Simulator, ValidationError, decode, load_topology
+from kbwork.cli import main as cli_main
+
+REPO = Path(kbwork.__file__).resolve().parent.parent
+
+
+def _raises(fn, exc_type, pattern):
+    with pytest.raises(KbworkError) as info:
+        fn()
+    assert type(info.value) is exc_type, f"{type(info.value).__name__}: {info.value}"
+    assert re.search(pattern, str(info.value)), f"{pattern!r} not in {str(info.value)!r}"
+    return info.value
+
+
+# --- topology files ----------------------------------------------------------------------------------
+TOML_CASES = [
+    pytest.param(b"[dispatch]\nfixed_cyclez = 3\n", r"'fixed_cyclez'.*Did you mean 'fixed_cycles'", id="unknown-key"),
+    pytest.param(b"[dispatch.fast]\nfixed_cycles = 3\n", r"\[dispatch\.fast\].*nested", id="nested-section"),
+    pytest.param(b"[a]\ntile_k = 64\n[b]\ntile_k = 32\n", r"'tile_k' appears twice", id="duplicate-across-sections"),
+    pytest.param(b"tile_k = 64\ntile_k = 32\n", r"not valid TOML", id="duplicate-in-one-table"),
+    pytest.param(b'name = "caf\xe9"\n', r"not a UTF-8 text file \(byte 11 is 0xe9\)", id="latin-1-bytes"),
+    pytest.param(b"\xff\xfe\x00n\x00a\x00m\x00e", r"not a UTF-8", id="utf-16-file"),
+    pytest.param(b"fixed_cycles = [", r"not valid TOML", id="invalid-toml"),
+    pytest.param(b'fixed_cycles = "40"\n', r"'fixed_cycles'.*the string '40'.*without quotes", id="string-for-int"),
+    pytest.param(b'clock_ghz = "1.25"\n', r"'clock_ghz'.*the string '1.25'", id="string-for-float"),
+    pytest.param(b"fixed_cycles = true\n", r"'fixed_cycles'.*True \(a bool\)", id="bool-for-int"),
+    pytest.param(b"fixed_cycles = [40]\n", r"'fixed_cycles'.*\(a list\)", id="array-for-int"),
+    pytest.param(b"fixed_cycles = 1979-05-27\n", r"'fixed_cycles'.*\(a date\)", id="date-for-int"),
+    pytest.param(b"tile_m = 1.5\n", r"'tile_m'.*integer", id="fraction-for-int"),
+    pytest.param(b"fixed_cycles = -1\n", r"'fixed_cycles' is -1; it cannot be negative", id="negative"),
+    pytest.param(b"[dma]\ndma_bytes_per_cycle = 0\n", r"'dma_bytes_per_cycle' is 0; it must be positive",
+                 id="zero-bandwidth"),
+    pytest.param(b"fixed_cycles = 10000000000000000000\n", r"'fixed_cycles' is 1\.000e\+19.*4294967296",
+                 id="huge-int"),
+    pytest.param(b"[memory]\ntcm_bytes = 4398046511104\n", r"'tcm_bytes'.*1073741824 \(2\*\*30\)", id="huge-tcm"),
+    pytest.param(b"clock_ghz = inf\n", r"'clock_ghz' must be a finite number", id="inf-clock"),
+    pytest.param(b"clock_ghz = nan\n", r"'clock_ghz' must be a finite number", id="nan-clock"),
+    pytest.param(b"clock_ghz = 1e-9\n", r"'clock_ghz'.*between 0.001 and 1000", id="tiny-clock"),
+    pytest.param(b"r_cycles_per_byte = 1e300\n", r"'r_cycles_per_byte'.*between", id="huge-r"),
+    pytest.param(b"hazard_policy = 3\n", r"'hazard_policy' must be a string", id="int-policy"),
+    pytest.param(b'hazard_policy = "random"\n', r"'hazard_policy' is 'random'.*strict_fifo", id="unknown-policy"),
+    pytest.param(b"name = 5\n", r"'name' must be a non-empty string", id="int-name"),
+    pytest.param(b'name = ""\n', r"'name' must be a non-empty string", id="empty-name"),
+    pytest.param(b"[[dispatch]]\nfixed_cycles = 1\n", r"unknown topology key 'dispatch'", id="array-of-tables"),
+    pytest.param(b'source = "elsewhere"\n', r"unknown topology key 'source'", id="source-key"),
+]
+
+
+@pytest.mark.parametrize("content,pattern", TOML_CASES)
+def test_bad_topology_file(tmp_path, content, pattern):
+    path = tmp_path / "bad.toml"
+    path.write_bytes(content)
+    err = _raises(lambda: load_topology(path), ConfigError, pattern)
+    assert "bad.toml" in str(err), "the message names the file"
+    _raises(lambda: Simulator(str(path)), ConfigError, pattern)
+
+
+def test_topology_path_that_is_a_directory(tmp_path):
+    (tmp_path / "topo.toml").mkdir()
+    _raises(lambda: load_topology(tmp_path / "topo.toml"), ConfigError, r"is a directory")
+    _raises(lambda: load_topology(tmp_path), ConfigError, r"is a directory .*pass a \.toml file")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_topology_path_that_is_a_pipe_does_not_block(tmp_path):
+    fifo = tmp_path / "pipe.toml"
+    os.mkfifo(fifo)
+    _raises(lambda: load_topology(fifo), ConfigError, r"pipe\.toml.*not a regular file")
+
+
+@pytest.mark.skipif(os.geteuid() == 0 if hasattr(os, "geteuid") else True, reason="root reads any file")
+def test_unreadable_topology_file(tmp_path):
+    path = tmp_path / "secret.toml"
+    path.write_text("fixed_cycles = 1\n")
+    path.chmod(0)
+    _raises(lambda: load_topology(path), ConfigError, r"secret\.toml: cannot read")
+
+
+def test_topology_file_is_read_again_after_an_edit(tmp_path):
+    # nothing caches a parsed file: an edit within the same second is seen
+    path = tmp_path / "t.toml"
+    path.write_text("fixed_cycles = 1\n")
+    assert load_topology(path).fixed_cycles == 1
+    path.write_text("fixed_cycles = 2\n")
+    assert load_topology(path).fixed_cycles == 2
+
+
+# --- load_topology and Topology.replace ------------------------------------------------------------
+def _replace(**kw):
+    return lambda: load_topology().replace(**kw)
+
+
+def _load(*args, **kw):
+    return lambda: load_topology(*args, **kw)
+
+
+CONFIG_CASES = [
+    pytest.param(_load(123), r"topology must be a name.*got 123 \(a int\)", id="int-topology"),
+    pytest.param(_load(["ahbm-pe-v1"]), r"got \['ahbm-pe-v1'\] \(a list\)", id="list-topology"),
+    pytest.param(_load(b"ahbm-pe-v1"), r"\(a bytes\)", id="bytes-topology"),
+    pytest.param(_load(""), r"topology name is empty", id="empty-name"),
+    pytest.param(_load("no-such-topology"), r"'no-such-topology' not found.*ahbm-pe-v1", id="unknown-name"),
+    pytest.param(_load("a\0b"), r"contains a NUL character", id="nul-in-name"),
+    pytest.param(_load("x" * 5000), r"xxx\.\.\.: cannot read the topology file: File name too long",
+                 id="name-too-long"),
+    pytest.param(_load(fixed_cycles=10**19), r"'fixed_cycles' is 1\.000e\+19.*largest", id="fixed-1e19"),
+    pytest.param(_load(fixed_cycles=2**32 + 1), r"'fixed_cycles' is 4294967297", id="fixed-just-over"),
+    pytest.param(_load(fixed_cycles=1e300), r"'fixed_cycles' is 1\.000e\+300", id="fixed-huge-float"),
+    pytest.param(_load(tcm_bytes=2**42), r"'tcm_bytes'.*1073741824", id="tcm-4TiB"),
+    pytest.param(_load(clock_ghz=1e9), r"'clock_ghz'.*between", id="clock-1e9"),
+    pytest.param(_load(clock_ghz=True), r"'clock_ghz' must be a finite number, got True", id="clock-bool"),
+    pytest.param(_load(r_cycles_per_byte=float("inf")), r"'r_cycles_per_byte' must be a finite", id="r-inf"),
+    pytest.param(_load(r_cycles_per_byte="0.1"), r"'r_cycles_per_byte'.*the string '0.1'", id="r-string"),
+    pytest.param(_load(fixed_cycles="40"), r"'fixed_cycles'.*the string '40'", id="fixed-string"),
+    pytest.param(_load(fixed_cycles=None), r"'fixed_cycles'.*None \(a NoneType\)", id="fixed-none"),
+    pytest.param(_load(fixed_cycles=np.float64(1.5)), r"'fixed_cycles'.*1\.5", id="fixed-numpy-fraction"),
+    pytest.param(_load(hazard_policy=5), r"'hazard_policy' must be a string, got 5", id="policy-int"),
+    pytest.param(_load(hazard_policy=None), r"'hazard_policy' must be a string", id="policy-none"),
+    pytest.param(_load(name=None), r"'name' must be a non-empty string", id="name-none"),
+    pytest.param(_load(fixed_cycle=80), r"'fixed_cycle'.*Did you mean 'fixed_cycles'", id="typo-key"),
+    pytest.param(_replace(cmd_queue_depth=0), r"'cmd_queue_depth' is 0", id="replace-queue-0"),
+    pytest.param(_replace(math_cost_exp=-3), r"'math_cost_exp' is -3", id="replace-negative"),
+    pytest.param(_replace(tile_n=2**40), r"'tile_n' is 1099511627776", id="replace-huge-tile"),
+    pytest.param(_replace(source="x"), r"unknown topology key 'source'", id="replace-source"),
+    pytest.param(_replace(dma_channelz=2), r"unknown topology key 'dma_channelz'", id="replace-unknown"),
+]
+
+
+@pytest.mark.parametrize("action,pattern", CONFIG_CASES)
+def test_bad_topology_argument(action, pattern):
+    _raises(action, ConfigError, pattern)
+
+
+def test_bounds_are_inclusive_and_generous():
+    topo = load_topology(fixed_cycles=2**32, tcm_bytes=2**30, clock_ghz=1e-3, r_cycles_per_byte=1e6)
+    assert (topo.fixed_cycles, topo.tcm_bytes) == (2**32, 2**30)
+    assert load_topology(fixed_cycles=np.int64(7), clock_ghz=np.float32(2.0)).fixed_cycles == 7
+
+
+# --- Simulator ------------------------------------------------------------------------------------
+SIMULATOR_CASES = [
+    pytest.param(dict(topology=123), ConfigError, r"got 123 \(a int\)", id="int-topology"),
+    pytest.param(dict(topology=[1, 2]), ConfigError, r"\(a list\)", id="list-topology"),
+    pytest.param(dict(topology={"fixed_cycles": 1}), ConfigError, r"\(a dict\)", id="dict-topology"),
+    pytest.param(dict(mode="fast"), ValidationError, r"mode 'fast'", id="mode-fast"),
+    pytest.param(dict(mode=None), ValidationError, r"mode None", id="mode-none"),
+    pytest.param(dict(fixed_cycles=10**19), ConfigError, r"'fixed_cycles'", id="fixed-1e19"),
+    # a 4 TiB TCM would be allocated (and fail with MemoryError) in data mode: refused at load time
+    pytest.param(dict(tcm_bytes=2**42), ConfigError, r"'tcm_bytes'.*1073741824", id="tcm-4TiB-data"),
+    pytest.param(dict(tcm_bytes=2**42, mode="timing"), ConfigError, r"'tcm_bytes'", id="tcm-4TiB-timing"),
+]
+
+
+@pytest.mark.parametrize("kwargs,exc_type,pattern", SIMULATOR_CASES)
+def test_bad_simulator_argument(kwargs, exc_type, pattern):
+    _raises(lambda: Simulator(**kwargs), exc_type, pattern)
+
+
+# --- decode.run / compare / sweep ------------------------------------------------------------------
+def _run(*args, **kw):
+    kw.setdefault("kv_len", 256)
+    return lambda: decode.run(*(args or ("opt2",)), **kw)
+
+
+def _compare(**kw):
+    kw.setdefault("kv_len", 256)
+    return lambda: decode.compare(**kw)
+
+
+def _sweep(**kw):
+    kw.setdefault("progress", False)
+    return lambda: decode.sweep(**kw)
+
+
+_Q, _KV = np.zeros((8, 64), np.float32), np.zeros((128, 64), np.float32)
+
+DECODE_CASES = [
+    pytest.param(_run(seed=-1), ValidationError, r"seed must be a non-negative int, got -1", id="seed-negative"),
+    pytest.param(_run(seed=1.5), ValidationError, r"seed .* got 1\.5 \(float\)", id="seed-float"),
+    pytest.param(_run(seed="0"), ValidationError, r"seed .* got '0' \(str\)", id="seed-string"),
+    pytest.param(_run(seed=True), ValidationError, r"seed .* got True \(bool\)", id="seed-bool"),
+    pytest.param(_run(seed=None), ValidationError, r"seed .* got None", id="seed-none"),
+    pytest.param(_run(mode="fast"), ValidationError, r"mode 'fast' is unknown", id="mode-fast"),
+    pytest.param(_run(mode=0), ValidationError, r"mode 0 is unknown", id="mode-int"),
+    pytest.param(_run("opt4"), ValidationError, r"variant 'opt4' is unknown.*opt2, opt3", id="variant-unknown"),
+    pytest.param(_run(None), ValidationError, r"variant None is unknown", id="variant-none"),
+    pytest.param(_run(["opt2"]), ValidationError, r"variant \['opt2'\]", id="variant-list"),
+    pytest.param(_run(dtype="int8"), ValidationError, r"dtype 'int8' is not supported", id="dtype-int8"),
+    pytest.param(_run(dtype=5), ValidationError, r"dtype 5", id="dtype-int"),
+    pytest.param(_run(topology=123), ConfigError, r"topology must be a name.*\(a int\)", id="topology-int"),
+    pytest.param(_run(topology=3.5), ConfigError, r"\(a float\)", id="topology-float"),
+    pytest.param(_run(kv_len=0), ValidationError, r"kv_len must be a positive int, got 0", id="kv-zero"),
+    pytest.param(_run(kv_len=-128), ValidationError, r"kv_len .* got -128", id="kv-negative"),
+    pytest.param(_run(kv_len=256.0), ValidationError, r"kv_len .* got 256\.0 \(float\)", id="kv-float"),
+    pytest.param(_run(kv_len="256"), ValidationError, r"kv_len .* got '256' \(str\)", id="kv-string"),
+    pytest.param(_run(kv_len=True), ValidationError, r"kv_len .* got True", id="kv-bool"),
+    pytest.param(_run(tile=0), ValidationError, r"tile must be a positive int, got 0", id="tile-zero"),
+    pytest.param(_run(tile=-4), ValidationError, r"tile .* got -4", id="tile-negative"),
+    pytest.param(_run(group=0), ValidationError, r"group .* got 0", id="group-zero"),
+    pytest.param(_run(head_dim=0), ValidationError, r"head_dim .* got 0", id="head-dim-zero"),
+    pytest.param(_run(kv_len=1000), ValidationError, r"kv_len 1000 is not a multiple of tile 128", id="kv-ragged"),
+    pytest.param(_run(kv_len=2**40, mode="timing"), ValidationError,
+                 r"8589934592 tiles; one run simulates at most 262144", id="kv-2**40-timing"),
+    pytest.param(_run(kv_len=2**40, mode="data"), ValidationError, r"8589934592 tiles", id="kv-2**40-data"),
+    pytest.param(_run(kv_len=2**25), ValidationError, r"kv_len=33554432.*32\.0 GiB.*4\.0 GiB limit",
+                 id="kv-32M-data"),
+    pytest.param(_run(group=2**40), ValidationError, r"group=1099511627776.*512\.0 TiB", id="group-2**40-data"),
+    pytest.param(_run(head_dim=2**40), ValidationError, r"head_dim=1099511627776.*TiB", id="head-dim-2**40-data"),
+    pytest.param(_run(fixed_cycles=10**19, mode="timing"), ConfigError, r"'fixed_cycles'", id="fixed-1e19"),
+    pytest.param(_run(fixed_cycle=1), ConfigError, r"Did you mean 'fixed_cycles'", id="override-typo"),
+    pytest.param(_run(q=_Q), ValidationError, r"pass all of q, k and v", id="q-only"),
+    pytest.param(_run(q=np.array([[object()]]), k=_KV, v=_KV), ValidationError, r"q must hold real numbers.*object",
+                 id="q-object"),
+    pytest.param(_run(q=_Q + 1j, k=_KV, v=_KV), ValidationError, r"q must hold real numbers.*complex", id="q-complex"),
+    pytest.param(_run(q=_Q, k=[[1, 2], [3]], v=_KV), ValidationError, r"k is not an array of numbers", id="k-ragged"),
+    pytest.param(_run(q=_Q, k=_KV.astype(str), v=_KV), ValidationError, r"k must hold real numbers", id="k-strings"),
+    pytest.param(_compare(seed=-1), ValidationError, r"seed must be a non-negative int", id="compare-seed"),
+    pytest.param(_compare(mode="fast"), ValidationError, r"mode 'fast'", id="compare-mode"),
+    pytest.param(_compare(fixed_cycles=-1), ConfigError, r"'fixed_cycles' is -1", id="compare-fixed-negative"),
+    pytest.param(_compare(r_cycles_per_byte="0"), ConfigError, r"'r_cycles_per_byte'.*string", id="compare-r-str"),
+    pytest.param(_sweep(kv_len="abc"), ValidationError, r"axis 'kv_len' takes positive ints, got 'abc'",
+                 id="sweep-kv-string"),
+    pytest.param(_sweep(kv_len=[256, None]), ValidationError, r"axis 'kv_len'.*None", id="sweep-kv-none"),
+    pytest.param(_sweep(tile=[128, 0]), ValidationError, r"axis 'tile'.*got 0", id="sweep-tile-zero"),
+    pytest.param(_sweep(kv_len=[]), ValidationError, r"axis 'kv_len' has no values", id="sweep-empty-axis"),
+    pytest.param(_sweep(dtype=["bf16", 5]), ValidationError, r"axis 'dtype'.*dtype 5", id="sweep-dtype"),
+    pytest.param(_sweep(fixed_cycles=[0, "40"]), ConfigError, r"axis 'fixed_cycles'.*string '40'", id="sweep-fixed-str"),
+    pytest.param(_sweep(hazard_policy=["rw_aware", 5]), ConfigError, r"axis 'hazard_policy'", id="sweep-policy"),
+    pytest.param(_sweep(kv_len=[256, 1000]), ValidationError, r"sweep: kv_len 1000 is not a multiple of tile 128",
+                 id="sweep-ragged-point"),
+    pytest.param(_sweep(kv_len=[256], variants="opt2"), ValidationError, r"variants must be a non-empty list",
+                 id="sweep-variants-string"),
+    pytest.param(_sweep(kv_len=[256], variants=("opt2", "opt9")), ValidationError, r"variant 'opt9'",
+                 id="sweep-variant-unknown"),
+    pytest.param(_sweep(kv_len=[256], mode="fast"), ValidationError, r"sweep: mode 'fast'", id="sweep-mode"),
+    pytest.param(_sweep(kv_len=[256], seqlen=[1]), ValidationError, r"unknown axis seqlen", id="sweep-unknown-axis"),
+    pytest.param(_sweep(kv_len=[256], topology=123), ConfigError, r"\(a int\)", id="sweep-topology"),
+]
+
+
+@pytest.mark.parametrize("action,exc_type,pattern", DECODE_CASES)
+def test_bad_decode_argument(action, exc_type, pattern, monkeypatch):
+    # every check happens before anything is simulated
+    monkeypatch.setattr(decode.Simulator, "run", lambda *a, **k: pytest.fail("simulated before checking"))
+    _raises(action, exc_type, pattern)
+
+
+def test_sweep_checks_every_point_before_the_first_runs(monkeypatch):
+    calls = []
+    monkeypatch.setattr(decode, "run", lambda *a, **k: calls.append(k))
+    with pytest.raises(ValidationError, match="1000"):
+        decode.sweep(kv_len=[256, 512, 1000], progress=False)
+    assert calls == []
+
+
+def test_good_seeds_and_sizes_still_work():
+    a = decode.run("opt2", kv_len=256, seed=np.int64(3))
+    b = decode.run("opt2", kv_len=256, seed=3)
+    assert a.params["seed"] == 3 and np.array_equal(a.O, b.O)
+    assert decode.run("opt2", kv_len=np.int32(256), mode="timing").n_tiles == 2
+
+
+def test_to_npz_of_a_timing_run():
+    r = decode.run("opt2", kv_len=256, mode="timing")
+    _raises(lambda: r.to_npz("x.npz"), ValidationError, r"timing-mode run has no numbers.*mode='data'")
+
+
+# --- the command line ------------------------------------------------------------------------------
+def _cli(argv, capsys):
+    """Run ``kbwork argv`` in-process: (exit status, stdout, stderr)."""
+    try:
+        code = cli_main(list(argv))
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+RUN = ["run", "--variant", "opt2", "--kv-len", "256"]
+CMP = ["compare", "--kv-len", "256"]
+
+CLI_CASES = [
+    pytest.param(RUN + ["--oplog", "{tmp}/missing/log.csv"], r"--oplog: the directory .*missing.* does not exist",
+                 id="oplog-missing-dir"),
+    pytest.param(RUN + ["--oplog", "{tmp}"], r"--oplog: .* is a directory", id="oplog-is-dir"),
+    pytest.param(RUN + ["--oplog", "{tmp}/log.txt"], r"--oplog: .*log\.txt' does not end in \.csv", id="oplog-suffix"),
+    pytest.param(RUN + ["--oplog", "x" * 300 + ".csv"], r"--oplog: cannot use 'xxx.*\.\.\.': File name too long",
+                 id="oplog-name-too-long"),
+    pytest.param(RUN + ["--oplog", ""], r"--oplog: '\.?' is not a file name", id="oplog-empty"),
+    pytest.param(RUN + ["--oplog", "{tmp}/afile/log.csv"], r"--oplog: .*afile' in .* is not a directory",
+                 id="oplog-parent-is-file"),
+    pytest.param(RUN + ["--npz", "{tmp}/x.txt"], r"--npz: .*x\.txt' does not end in \.npz", id="npz-suffix"),
+    pytest.param(RUN + ["--npz", "{tmp}/x.npz", "--mode", "timing"], r"--npz needs --mode data", id="npz-timing"),
+    pytest.param(RUN + ["--trace", "{tmp}/t.csv"], r"--trace: .* does not end in \.json", id="trace-suffix"),
+    pytest.param(RUN + ["--trace", "{tmp}/nope/t.json"], r"--trace: the directory", id="trace-missing-dir"),
+    pytest.param(RUN + ["--gantt", "{tmp}/g.jpg"], r"--gantt: .* does not end in \.png", id="run-gantt-suffix"),
+    pytest.param(CMP + ["--gantt", "{tmp}/none/g.png"], r"--gantt: the directory", id="compare-gantt-dir"),
+    pytest.param(CMP + ["--gantt", "{tmp}/g.svg"], r"--gantt: .* does not end in \.png", id="compare-gantt-suffix"),
+    pytest.param(CMP + ["--seed", "-1"], r"argument --seed: expected a non-negative integer, got -1", id="seed-negative"),
+    pytest.param(CMP + ["--seed", "x"], r"argument --seed: .*got 'x'", id="seed-text"),
+    pytest.param(CMP + ["--gantt-tiles", "0"], r"argument --gantt-tiles: expected a positive integer, got 0",
+                 id="gantt-tiles-zero"),
+    pytest.param(["compare", "--kv-len", "0"], r"argument --kv-len: expected a positive integer, got 0", id="kv-zero"),
+    pytest.param(["compare", "--kv-len", "abc"], r"argument --kv-len: .*'abc'", id="kv-text"),
+    pytest.param(["compare", "--kv-len", "1000"], r"--kv-len 1000 is not a multiple of tile 128 \(--tile\)",
+                 id="kv-ragged"),
+    pytest.param(["compare", "--tile", "-5"], r"argument --tile: .*got -5", id="tile-negative"),
+    pytest.param(CMP + ["--group", "0"], r"argument --group", id="group-zero"),
+    pytest.param(CMP + ["--head-dim", "-1"], r"argument --head-dim", id="head-dim-negative"),
+    pytest.param(CMP + ["--fixed", "-1"], r"argument --fixed: expected an integer between 0 and 4294967296",
+                 id="fixed-negative"),
+    pytest.param(CMP + ["--fixed", "10000000000000000000"], r"argument --fixed: .*got 10000000000000000000",
+                 id="fixed-huge"),
+    pytest.param(CMP + ["--r", "nan"], r"argument --r: .*got 'nan'", id="r-nan"),
+    pytest.param(CMP + ["--r", "-0.5"], r"argument --r: .*got '-0.5'", id="r-negative"),
+    pytest.param(CMP + ["--r", "1e300"], r"argument --r: expected a number between 0 and 1e\+06", id="r-huge"),
+    pytest.param(CMP + ["--dtype", "int8"], r"argument --dtype: invalid choice: 'int8'", id="dtype"),
+    pytest.param(CMP + ["--mode", "fast"], r"argument --mode: invalid choice: 'fast'", id="mode"),
+    pytest.param(CMP + ["--hazard-policy", "fifo"], r"argument --hazard-policy: invalid choice", id="policy"),
+    pytest.param(CMP + ["--topology", "nope"], r"kbwork: error: topology 'nope' not found", id="topology-unknown"),
+    pytest.param(CMP + ["--topology", "{tmp}"], r"kbwork: error: topology .* is a directory", id="topology-dir"),
+    pytest.param(CMP + ["--topology", "{tmp}/bad.toml"], r"bad\.toml: not a UTF-8", id="topology-not-utf8"),
+    pytest.param(["compare", "--kv-len", str(2**40), "--mode", "timing"], r"8589934592 tiles", id="kv-2**40"),
+    pytest.param(["compare", "--kv-len", str(2**25)], r"32\.0 GiB .*use mode='timing'", id="kv-32M-data"),
+    pytest.param(["run", "--variant", "opt4"], r"argument --variant: invalid choice: 'opt4'", id="variant"),
+    pytest.param(["run"], r"the following arguments are required: --variant", id="variant-missing"),
+    pytest.param(["frobnicate"], r"invalid choice: 'frobnicate'", id="unknown-command"),
+    pytest.param([], r"the following arguments are required: command", id="no-command"),
+    pytest.param(["golden"], r"one of the arguments --check --update is required", id="golden-no-action"),
+]
+
+
+@pytest.fixture
+def cli_tmp(tmp_path):
+    (tmp_path / "afile").write_text("not a directory")
+    (tmp_path / "bad.toml").write_bytes(b"name = 'caf\xe9'\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize("argv,pattern", CLI_CASES)
+def test_bad_cli_invocation(argv, pattern, cli_tmp, capsys):
+    argv = [a.replace("{tmp}", str(cli_tmp)) for a in argv]
+    code, out, err = _cli(argv, capsys)
+    assert code == 2, (code, err)
+    assert re.search(pattern, err), f"{pattern!r} not in {err!r}"
+    assert "Traceback" not in err + out
+    assert len(err.splitlines()) <= 12, "a short message, not a dump"
+
+
+# Output paths are checked before anything is simulated: a bad path fails in milliseconds.
+FAIL_FAST_CASES = [
+    pytest.param(RUN + ["--oplog", "{tmp}/missing/log.csv"], "run", id="run-oplog"),
+    pytest.param(RUN + ["--npz", "{tmp}/x.txt"], "run", id="run-npz"),
+    pytest.param(RUN + ["--trace", "{tmp}"], "run", id="run-trace"),
+    pytest.param(RUN + ["--gantt", "{tmp}/g.pdf"], "run", id="run-gantt"),
+    pytest.param(RUN + ["--npz", "{tmp}/x.npz", "--mode", "timing"], "run", id="run-npz-timing"),
+    pytest.param(CMP + ["--gantt", "{tmp}/missing/g.png"], "compare", id="compare-gantt"),
+]
+
+
+@pytest.mark.parametrize("argv,entry", FAIL_FAST_CASES)
+def test_cli_checks_outputs_before_simulating(argv, entry, tmp_path, capsys, monkeypatch):
+    def simulated(*a, **k):
+        raise AssertionError("simulated")
+
+    monkeypatch.setattr(decode, entry, simulated)
+    code, _, err = _cli([a.replace("{tmp}", str(tmp_path)) for a in argv], capsys)
+    assert code == 2 and "kbwork: error:" in err and "simulated" not in err
+
+
+def test_cli_write_failure_is_a_message_not_a_traceback(tmp_path, capsys, monkeypatch):
+    def disk_full(self, path=None):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(decode.DecodeRun, "to_csv", disk_full)
+    code, _, err = _cli(RUN + ["--mode", "timing", "--oplog", str(tmp_path / "log.csv")], capsys)
+    assert code == 2
+    assert "--oplog: could not write" in err and "No space left on device" in err
+    assert "Traceback" not in err
+
+
+BENCH_CASES = [
+    pytest.param(["--kv-lens", "1000"], r"--kv-lens: kv_len 1000 is not a multiple of tile 128", id="kv-ragged"),
+    pytest.param(["--kv-lens", "abc"], r"argument --kv-lens: expected comma-separated positive integers", id="kv-text"),
+    pytest.param(["--kv-lens", "1024,0"], r"argument --kv-lens: expected positive integers, got 0", id="kv-zero"),
+    pytest.param(["--kv-lens", str(2**40)], r"--kv-lens: .*8589934592 tiles", id="kv-huge"),
+    pytest.param(["--modes", "fast"], r"argument --modes: unknown mode 'fast'", id="modes"),
+    pytest.param(["--modes", "timing,"], r"argument --modes: unknown mode ''", id="modes-trailing-comma"),
+    pytest.param(["--repeats", "0"], r"argument --repeats: expected a positive integer, got 0", id="repeats"),
+    pytest.param(["--scales", "x"], r"argument --scales", id="scales-text"),
+    pytest.param(["--suite", "gemm", "--scales", "1,0"], r"argument --scales: expected positive integers",
+                 id="scales-zero"),
+    pytest.param(["--suite", "gemm", "--scales", "1000"], r"--scales: 1000 is too large; at most 32",
+                 id="scales-huge"),
+    pytest.param(["--profile", "0"], r"argument --profile: expected a positive integer", id="profile-zero"),
+    pytest.param(["--profile", "100"], r"--profile: kv_len 100 is not a multiple of tile 128", id="profile-ragged"),
+    pytest.param(["--suite", "fast"], r"argument --suite: invalid choice", id="suite"),
+    pytest.param(["--kv-lens", "256", "--no-refs", "--out", "{tmp}/afile"], r"--out .*afile' is a file",
+                 id="out-is-file"),
+    pytest.param(["--kv-lens", "256", "--no-refs", "--out", "{tmp}/afile/sub"], r"--out .*is not a writable directory",
+                 id="out-under-file"),
+]
+
+
+@pytest.mark.parametrize("argv,pattern", BENCH_CASES)
+def test_bad_bench_invocation(argv, pattern, cli_tmp, capsys, monkeypatch):
+    from kbwork import bench
+    from kbwork.bench import gemm
+
+    # nothing may be measured before the arguments are checked
+    monkeypatch.setattr(bench, "run_decode_suite", lambda *a, **k: pytest.fail("measured before checking"))
+    monkeypatch.setattr(bench, "profile_case", lambda *a, **k: pytest.fail("profiled before checking"))
+    monkeypatch.setattr(gemm, "run_benchmark", lambda *a, **k: pytest.fail("measured before checking"))
+    code, out, err = _cli(["bench"] + [a.replace("{tmp}", str(cli_tmp)) for a in argv], capsys)
+    assert code == 2, (code, err)
+    assert re.search(pattern, err), f"{pattern!r} not in {err!r}"
+    assert "Traceback" not in err + out
+
+
+@pytest.mark.parametrize("argv,pattern", [
+    (["run", "--variant", "opt2", "--kv-len", "256", "--npz", "x.txt"], r"--npz: 'x\.txt' does not end in \.npz"),
+    (["compare", "--seed", "-1"], r"argument --seed"),
+    (["compare", "--kv-len", "1000"], r"not a multiple of tile"),
+    (["bench", "--modes", "fast"], r"unknown mode 'fast'"),
+    (["compare", "--topology", "no-such"], r"topology 'no-such' not found"),
+], ids=["npz-suffix", "seed", "kv-ragged", "bench-modes", "topology"])
+def test_no_traceback_reaches_the_terminal(argv, pattern, tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO), MPLBACKEND="Agg")
+    p = subprocess.run([sys.executable, "-m", "kbwork.cli", *argv], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 2, p.stderr
+    assert re.search(pattern, p.stderr), p.stderr
+    assert "Traceback" not in p.stderr
+    assert list(tmp_path.iterdir()) == [], "nothing written"
