@@ -97,44 +97,68 @@ def _kwargs(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def format_comparison(cmp: Any) -> str:
-    """The human-readable report ``kbwork compare`` prints."""
+    """The human-readable report ``kbwork compare`` prints: one column per variant."""
     d = cmp.to_dict()
     p = d["params"]
+    vs = d["variants"]
+    width = max(12, *(len(v) + 2 for v in vs))
+
+    def row(label: str, values: dict, fmt: str = "") -> str:
+        return f"{label:28}" + "".join(f"{format(values[v], fmt):>{width}}" for v in vs)
+
     lines = [
         f"GQA decode, one KV head: kv_len={p['kv_len']} group={p['group']} head_dim={p['head_dim']} "
         f"tile={p['tile']} dtype={p['dtype']} mode={p['mode']}",
         f"topology {p['topology']}: FIXED={p['fixed_cycles']} cycles, R={p['r_cycles_per_byte']} cycles/byte, "
         f"hazards={p['hazard_policy']}",
         "",
-        f"{'':28}{'opt2':>12}{'opt3':>12}",
-        f"{'commands per tile':28}{d['commands_per_tile']['opt2']:>12}{d['commands_per_tile']['opt3']:>12}",
-        f"{'dispatch cycles per tile':28}{d['dispatch_per_tile']['opt2']:>12}{d['dispatch_per_tile']['opt3']:>12}",
-        f"{'  closed form':28}{d['closed_form_per_tile']['opt2']:>12}{d['closed_form_per_tile']['opt3']:>12}",
-        f"{'end-to-end cycles':28}{d['cycles']['opt2']:>12}{d['cycles']['opt3']:>12}",
-        f"{'end-to-end us':28}{d['us']['opt2']:>12.3f}{d['us']['opt3']:>12.3f}",
+        f"{'':28}" + "".join(f"{v:>{width}}" for v in vs),
+        row("commands per tile", d["commands_per_tile"]),
+        row("dispatch cycles per tile", d["dispatch_per_tile"]),
+        row("  closed form", d["closed_form_per_tile"]),
+        row("end-to-end cycles", d["cycles"]),
+        row("end-to-end us", d["us"], ".3f"),
     ]
     errs = d["max_abs_err_vs_ref"]
     if errs is not None:
-        lines.append(f"{'max |O - float64 ref|':28}{errs['opt2']:>12.3e}{errs['opt3']:>12.3e}")
-    if d["ratio"] is None or d["closed_form_ratio"] is None:  # FIXED = R = 0 (DESIGN.md §7)
-        ratio_line = (f"dispatch ratio opt3/opt2: undefined (opt2 dispatches 0 cycles per tile: every dispatch "
-                      f"is free at FIXED={p['fixed_cycles']}, R={p['r_cycles_per_byte']})")
-    else:
-        ratio_line = f"dispatch ratio opt3/opt2: {d['ratio']:.4f} (closed form {d['closed_form_ratio']:.4f})"
-    lines += [
-        "",
-        ratio_line,
-        f"gate opt3 > 2 x opt2: {'PASS' if d['gate']['pass'] else 'FAIL'}",
-        f"end-to-end: opt3 takes {d['speedup_opt3_over_opt2']:.3f}x the cycles of opt2",
-    ]
+        lines.append(row("max |O - float64 ref|", errs, ".3e"))
+    lines.append("")
+    if d["gate"] is not None:
+        if d["ratio"] is None or d["closed_form_ratio"] is None:  # FIXED = R = 0 (DESIGN.md §7)
+            lines.append(f"dispatch ratio opt3/opt2: undefined (opt2 dispatches 0 cycles per tile: every dispatch "
+                         f"is free at FIXED={p['fixed_cycles']}, R={p['r_cycles_per_byte']})")
+        else:
+            lines.append(f"dispatch ratio opt3/opt2: {d['ratio']:.4f} (closed form {d['closed_form_ratio']:.4f})")
+    for g in d["gates"]:  # the headline gate first, as it always printed; the others with their ratio
+        ratio = "" if g["rule"] == "opt3 > 2 x opt2" else \
+            f" (ratio {'undefined' if g['ratio'] is None else format(g['ratio'], '.4f')})"
+        lines.append(f"gate {g['rule']}: {'PASS' if g['pass'] else 'FAIL'}{ratio}")
+    if d["speedup_opt3_over_opt2"] is not None:
+        lines.append(f"end-to-end: opt3 takes {d['speedup_opt3_over_opt2']:.3f}x the cycles of opt2")
+    fastest = min(vs, key=lambda v: (d["cycles"][v], vs.index(v)))
+    if len(vs) > 2:
+        lines.append(f"fastest end to end: {fastest} ({d['cycles'][fastest]} cycles)")
     if errs is not None:
-        diff = d["max_abs_diff_opt2_opt3"]
-        lines += [
-            f"max |opt2 - opt3|: m {diff['m']:.3e}, l {diff['l']:.3e}, O {diff['O']:.3e}",
-            f"numerics: bound 2 x plain-attention error + 1e-6 = {errs['bound']:.3e} "
-            f"(plain attention in {p['dtype']}: {errs['baseline']:.3e}): {'PASS' if errs['pass'] else 'FAIL'}",
-        ]
+        for pair, diff in d["max_abs_diff"].items():
+            a, b = pair.split("-")
+            lines.append(f"max |{a} - {b}|: m {diff['m']:.3e}, l {diff['l']:.3e}, O {diff['O']:.3e}")
+        lines.append(f"numerics: bound 2 x plain-attention error + 1e-6 = {errs['bound']:.3e} "
+                     f"(plain attention in {p['dtype']}: {errs['baseline']:.3e}): {'PASS' if errs['pass'] else 'FAIL'}")
     return "\n".join(lines)
+
+
+def variant_list(text: str) -> tuple[str, ...]:
+    """An argparse type: two or more registered decode variants, comma-separated, none twice."""
+    from .kernels.gqa_decode import VARIANTS
+
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    unknown = [x for x in names if x not in VARIANTS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
+    if len(names) < 2 or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"expected two or more different variants, comma-separated "
+                                         f"(e.g. opt2,opt3,a1), got {text!r}")
+    return names
 
 
 class _OutputError(KbworkError):
@@ -174,7 +198,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
     from . import decode
 
     _check_outputs(a, (("--gantt", "gantt", ".png"),))
-    cmp = decode.compare(**_kwargs(a))
+    cmp = decode.compare(variants=a.variants, **_kwargs(a))
     if a.json:
         print(json.dumps(cmp.to_dict(), indent=2))
     else:
@@ -249,7 +273,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kbwork", description="AHBM PE kernel workbench.")
     sub = p.add_subparsers(dest="command", required=True)
 
-    c = sub.add_parser("compare", help="opt2 vs opt3: dispatch ratio, gate, cycles, numerics")
+    from .kernels.gqa_decode import DEFAULT_VARIANTS, VARIANTS
+
+    c = sub.add_parser("compare", help="opt2 vs opt3 (or any variants): dispatch ratio, gate, cycles, numerics")
+    c.add_argument("--variants", type=variant_list, default=DEFAULT_VARIANTS,
+                   help=f"variants to compare, comma-separated, two or more of {', '.join(VARIANTS)} "
+                        f"(default {','.join(DEFAULT_VARIANTS)})")
     _sim_options(c)
     c.add_argument("--json", action="store_true", help="print the comparison as JSON")
     c.add_argument("--gantt", type=Path, help="write a side-by-side Gantt of a few tiles to this .png file")
@@ -258,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(fn=cmd_compare)
 
     r = sub.add_parser("run", help="simulate one decode variant")
-    r.add_argument("--variant", required=True, choices=["opt2", "opt3"])
+    r.add_argument("--variant", required=True, choices=list(VARIANTS))
     _sim_options(r)
     r.add_argument("--oplog", type=Path, help="write the op_log CSV to this .csv file")
     r.add_argument("--npz", type=Path, help="write inputs q, k, v and final m, l, O to this .npz file (data mode)")

@@ -321,66 +321,120 @@ def run(variant: str, *, kv_len: int = 4096, group: int = 8, head_dim: int = 128
 # --- the comparison ----------------------------------------------------------------------------
 @dataclass
 class Comparison:
-    """opt2 vs opt3 on the same inputs and topology (see :func:`compare`)."""
+    """Two or more decode variants on the same inputs and topology (see :func:`compare`).
 
-    opt2: DecodeRun
-    opt3: DecodeRun
-    dispatch_opt2: int
-    dispatch_opt3: int
-    closed_form_opt2: int
-    closed_form_opt3: int
-    cycles_opt2: int
-    cycles_opt3: int
-    max_abs_diff: dict[str, float] | None = None
-    err_opt2: float | None = None
-    err_opt3: float | None = None
+    Per variant (in the order asked for): the run, its per-tile dispatch
+    (simulated and closed form), its end-to-end cycles and, in data mode, its
+    error against the float64 reference. The headline ratio and gate are
+    opt3 against opt2 when both are present (DESIGN.md §7, §10); :attr:`gates`
+    reports every variant against opt2 and against opt3. ``max |a - b|`` of
+    m, l, O covers every pair (:attr:`max_abs_diffs`).
+
+    Per-variant values read as attributes too: ``cmp.a1`` (the run),
+    ``cmp.dispatch_a1``, ``cmp.closed_form_a1``, ``cmp.cycles_a1``, ``cmp.err_a1``.
+    """
+
+    runs: dict[str, DecodeRun]
+    dispatch: dict[str, int]
+    closed_form: dict[str, int]
+    cycles: dict[str, int]
+    max_abs_diffs: dict[str, dict[str, float]] | None = None
+    errors: dict[str, float] | None = None
     err_baseline: float | None = None
 
+    _PER_VARIANT = {"dispatch_": "dispatch", "closed_form_": "closed_form", "cycles_": "cycles", "err_": "errors"}
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached for names the dataclass does not define: cmp.opt2, cmp.dispatch_opt3, cmp.err_a1, ...
+        runs = self.__dict__.get("runs", {})
+        if name in runs:
+            return runs[name]
+        for prefix, field_name in self._PER_VARIANT.items():
+            if name.startswith(prefix) and name[len(prefix):] in runs:
+                values = self.__dict__.get(field_name)
+                return None if values is None else values[name[len(prefix):]]
+        raise AttributeError(f"Comparison has no attribute {name!r}; its variants are {', '.join(runs)}.")
+
     def __repr__(self) -> str:
-        ratio = ("undefined" if self.ratio is None else
-                 f"{self.ratio:.2f} (closed form {_fmt_ratio(self.closed_form_ratio)})")
-        return (f"Comparison(dispatch/tile opt3 {self.dispatch_opt3} vs opt2 {self.dispatch_opt2}: ratio "
-                f"{ratio}, gate {'PASS' if self.gate else 'FAIL'}; "
-                f"cycles opt3 {self.cycles_opt3} vs opt2 {self.cycles_opt2})")
+        per = ", ".join(f"{v} {self.dispatch[v]}" for v in self.variants)
+        head = (f"opt3/opt2 ratio {_fmt_ratio(self.ratio)}, gate {'PASS' if self.gate else 'FAIL'}; "
+                if self.gate is not None else "")
+        cyc = ", ".join(f"{v} {self.cycles[v]}" for v in self.variants)
+        return f"Comparison(dispatch/tile {per}: {head}cycles {cyc})"
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        return tuple(self.runs)
 
     @property
     def params(self) -> dict[str, Any]:
-        return self.opt2.params
+        return next(iter(self.runs.values())).params
+
+    @property
+    def has_gate(self) -> bool:
+        """Whether both opt2 and opt3 were run (the headline ratio and gate are theirs)."""
+        return "opt2" in self.runs and "opt3" in self.runs
 
     @property
     def ratio(self) -> float | None:
-        """Simulated per-tile dispatch ratio opt3 / opt2, or ``None`` when opt2's dispatch is 0
-        (FIXED = R = 0: every dispatch is free, the ratio has no value; see :attr:`ratio_note`)."""
-        return None if self.dispatch_opt2 == 0 else self.dispatch_opt3 / self.dispatch_opt2
+        """Simulated per-tile dispatch ratio opt3 / opt2, or ``None`` when it has no value: opt2's
+        dispatch is 0 (FIXED = R = 0), or opt2 or opt3 was not run (see :attr:`ratio_note`)."""
+        return self.ratio_of("opt3", "opt2")
 
     @property
     def closed_form_ratio(self) -> float | None:
-        """The closed-form ratio opt3 / opt2, or ``None`` when opt2's closed form is 0."""
-        return None if self.closed_form_opt2 == 0 else self.closed_form_opt3 / self.closed_form_opt2
+        """The closed-form ratio opt3 / opt2, or ``None`` like :attr:`ratio`."""
+        return self.ratio_of("opt3", "opt2", closed_form=True)
+
+    def ratio_of(self, a: str, b: str, closed_form: bool = False) -> float | None:
+        """Per-tile dispatch of ``a`` over ``b``; ``None`` when either is missing or ``b``'s is 0."""
+        d = self.closed_form if closed_form else self.dispatch
+        if a not in d or b not in d or d[b] == 0:
+            return None
+        return d[a] / d[b]
 
     @property
     def ratio_note(self) -> str | None:
         """Why :attr:`ratio` is ``None`` (DESIGN.md §7), or ``None`` when the ratio is defined."""
+        if not self.has_gate:
+            return f"the headline ratio and gate compare opt3 with opt2; this comparison ran {', '.join(self.variants)}"
         if self.ratio is not None and self.closed_form_ratio is not None:
             return None
         p = self.params
         return (f"opt2 dispatches 0 cycles per tile (every dispatch costs 0 at FIXED={p['fixed_cycles']}, "
                 f"R={p['r_cycles_per_byte']}), so opt3/opt2 has no value; the gate opt3 > 2 x opt2 "
-                f"({self.dispatch_opt3} > {2 * self.dispatch_opt2}) fails")
+                f"({self.dispatch['opt3']} > {2 * self.dispatch['opt2']}) fails")
 
     @property
-    def gate(self) -> bool:
-        """``opt3 > 2 × opt2`` on the simulated per-tile dispatch."""
-        return analysis.gate(self.dispatch_opt3, self.dispatch_opt2)
+    def gate(self) -> bool | None:
+        """``opt3 > 2 × opt2`` on the simulated per-tile dispatch (``None`` unless both were run)."""
+        return analysis.gate(self.dispatch["opt3"], self.dispatch["opt2"]) if self.has_gate else None
 
     @property
-    def closed_form_gate(self) -> bool:
-        return analysis.gate(self.closed_form_opt3, self.closed_form_opt2)
+    def closed_form_gate(self) -> bool | None:
+        return analysis.gate(self.closed_form["opt3"], self.closed_form["opt2"]) if self.has_gate else None
 
     @property
-    def speedup(self) -> float:
-        """End-to-end cycles opt3 / opt2 (> 1 means opt2 is faster)."""
-        return self.cycles_opt3 / self.cycles_opt2
+    def gates(self) -> pd.DataFrame:
+        """The gate report: every variant against opt2 (``v > 2 x opt2``) and opt3 against every other
+        variant (``opt3 > 2 x v``), where those are present; one row each with both ratios and verdicts."""
+        pairs = [(v, "opt2") for v in self.variants if v != "opt2" and "opt2" in self.runs]
+        pairs += [("opt3", v) for v in self.variants if v not in ("opt2", "opt3") and "opt3" in self.runs]
+        rows = [{"rule": f"{a} > {analysis.GATE_FACTOR:g} x {b}", "ratio": self.ratio_of(a, b),
+                 "closed_form_ratio": self.ratio_of(a, b, closed_form=True),
+                 "pass": analysis.gate(self.dispatch[a], self.dispatch[b]),
+                 "closed_form_pass": analysis.gate(self.closed_form[a], self.closed_form[b])} for a, b in pairs]
+        return pd.DataFrame(rows, columns=["rule", "ratio", "closed_form_ratio", "pass", "closed_form_pass"])
+
+    @property
+    def speedup(self) -> float | None:
+        """End-to-end cycles opt3 / opt2 (> 1 means opt2 is faster); ``None`` unless both were run."""
+        return self.cycles["opt3"] / self.cycles["opt2"] if self.has_gate else None
+
+    @property
+    def max_abs_diff(self) -> dict[str, float] | None:
+        """max |opt2 − opt3| of m, l and O (data mode, both run), else ``None``."""
+        return None if self.max_abs_diffs is None else self.max_abs_diffs.get("opt2-opt3")
 
     @property
     def error_bound(self) -> float | None:
@@ -389,51 +443,50 @@ class Comparison:
 
     @property
     def numerics_ok(self) -> bool | None:
-        """Both variants within the error bound of the reference (None in timing mode)."""
+        """Every variant within the error bound of the reference (None in timing mode)."""
         if self.error_bound is None:
             return None
-        return bool(self.err_opt2 <= self.error_bound and self.err_opt3 <= self.error_bound)
+        return bool(all(e <= self.error_bound for e in self.errors.values()))
 
     @property
     def summary(self) -> pd.DataFrame:
         """One row per variant: commands and dispatch per tile, closed form, cycles, error."""
-        us = self.opt2.topology.cycles_to_us
-        rows = []
-        for name, r, d, cf, cyc, err in (("opt2", self.opt2, self.dispatch_opt2, self.closed_form_opt2,
-                                          self.cycles_opt2, self.err_opt2),
-                                         ("opt3", self.opt3, self.dispatch_opt3, self.closed_form_opt3,
-                                          self.cycles_opt3, self.err_opt3)):
-            rows.append({"variant": name, "commands_per_tile": len(r.command_bytes_per_tile),
-                         "dispatch_per_tile": d, "closed_form_per_tile": cf, "cycles": cyc,
-                         "us": round(us(cyc), 3), "stages": r.run.n_stages,
-                         "max_abs_err_vs_ref": err})
+        us = next(iter(self.runs.values())).topology.cycles_to_us
+        rows = [{"variant": v, "commands_per_tile": len(r.command_bytes_per_tile),
+                 "dispatch_per_tile": self.dispatch[v], "closed_form_per_tile": self.closed_form[v],
+                 "cycles": self.cycles[v], "us": round(us(self.cycles[v]), 3), "stages": r.run.n_stages,
+                 "max_abs_err_vs_ref": None if self.errors is None else self.errors[v]}
+                for v, r in self.runs.items()]
         return pd.DataFrame(rows).set_index("variant")
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field as plain JSON-serialisable values.
+        """Every field as plain JSON-serialisable values, every per-variant value keyed by variant.
 
-        ``ratio`` and ``closed_form_ratio`` are ``None`` (JSON ``null``) when
-        opt2's dispatch is 0, and ``ratio_note`` then says why; otherwise the
-        note is ``None``.
+        ``ratio`` and ``closed_form_ratio`` (opt3 / opt2) are ``None`` (JSON
+        ``null``) when they have no value, and ``ratio_note`` then says why;
+        otherwise the note is ``None``.
         """
+        topo = next(iter(self.runs.values())).topology
+        gate = ({"rule": "opt3 > 2 x opt2", "pass": self.gate, "closed_form_pass": self.closed_form_gate}
+                if self.has_gate else None)
         return {
             "params": dict(self.params),
-            "dispatch_per_tile": {"opt2": self.dispatch_opt2, "opt3": self.dispatch_opt3},
-            "closed_form_per_tile": {"opt2": self.closed_form_opt2, "opt3": self.closed_form_opt3},
-            "commands_per_tile": {"opt2": len(self.opt2.command_bytes_per_tile),
-                                  "opt3": len(self.opt3.command_bytes_per_tile)},
+            "variants": list(self.variants),
+            "dispatch_per_tile": dict(self.dispatch),
+            "closed_form_per_tile": dict(self.closed_form),
+            "commands_per_tile": {v: len(r.command_bytes_per_tile) for v, r in self.runs.items()},
             "ratio": self.ratio,
             "closed_form_ratio": self.closed_form_ratio,
             "ratio_note": self.ratio_note,
-            "gate": {"rule": "opt3 > 2 x opt2", "pass": self.gate, "closed_form_pass": self.closed_form_gate},
-            "cycles": {"opt2": self.cycles_opt2, "opt3": self.cycles_opt3},
-            "us": {"opt2": self.opt2.topology.cycles_to_us(self.cycles_opt2),
-                   "opt3": self.opt3.topology.cycles_to_us(self.cycles_opt3)},
+            "gate": gate,
+            "gates": self.gates.to_dict(orient="records"),
+            "cycles": dict(self.cycles),
+            "us": {v: topo.cycles_to_us(c) for v, c in self.cycles.items()},
             "speedup_opt3_over_opt2": self.speedup,
             "max_abs_diff_opt2_opt3": self.max_abs_diff,
-            "max_abs_err_vs_ref": (None if self.err_opt2 is None else
-                                   {"opt2": self.err_opt2, "opt3": self.err_opt3,
-                                    "baseline": self.err_baseline, "bound": self.error_bound,
+            "max_abs_diff": self.max_abs_diffs,
+            "max_abs_err_vs_ref": (None if self.errors is None else
+                                   {**self.errors, "baseline": self.err_baseline, "bound": self.error_bound,
                                     "pass": self.numerics_ok}),
         }
 
@@ -449,35 +502,60 @@ def _uniform(series: pd.Series, what: str) -> int:
     return vals[0]
 
 
+def _check_variants(variants: Any, where: str) -> tuple[str, ...]:
+    if isinstance(variants, str) or not isinstance(variants, (list, tuple)):
+        raise ValidationError(f"{where}: variants must be a list or tuple of names such as "
+                              f"{DEFAULT_VARIANTS!r} (known: {', '.join(VARIANTS)}), got {variants!r}.")
+    for v in variants:
+        _check_variant(v, where=where)
+    if len(set(variants)) != len(variants):
+        raise ValidationError(f"{where}: variants {tuple(variants)!r} name a variant twice.")
+    return tuple(variants)
+
+
 def compare(*, kv_len: int = 4096, group: int = 8, head_dim: int = 128, tile: int = 128, dtype: str = "bf16",
-            mode: str = "data", topology: Topology | str | None = None, seed: int = 0, **overrides: Any) -> Comparison:
-    """Run opt2 and opt3 on the same inputs and topology and compare them.
+            mode: str = "data", topology: Topology | str | None = None, seed: int = 0,
+            variants: tuple[str, ...] = DEFAULT_VARIANTS, **overrides: Any) -> Comparison:
+    """Run two or more variants (default opt2 and opt3) on the same inputs and topology and compare them.
 
     Returns:
-        A :class:`Comparison` with the per-tile dispatch of both variants, the
-        ratio and its closed form, the gate, end-to-end cycles, and (data mode)
-        max |opt2 − opt3| for m, l, O and each variant's error against the
-        float64 reference. At FIXED = R = 0 every dispatch costs 0: the ratios
-        are ``None`` with a ``ratio_note`` and the gate fails (DESIGN.md §7).
+        A :class:`Comparison` with the per-tile dispatch of every variant, the
+        ratio opt3/opt2 and its closed form, the gate, end-to-end cycles, and
+        (data mode) max |a − b| of m, l, O for every pair and each variant's
+        error against the float64 reference. At FIXED = R = 0 every dispatch
+        costs 0: the ratios are ``None`` with a ``ratio_note`` and the gate
+        fails (DESIGN.md §7).
 
     Raises:
-        The errors of :func:`run`, before either variant is simulated.
+        ValidationError: fewer than two variants, an unknown or repeated one;
+            and the errors of :func:`run`, before any variant is simulated.
     """
+    variants = _check_variants(variants, "decode.compare")
+    if len(variants) < 2:
+        raise ValidationError(f"decode.compare needs two or more variants, got {variants!r}; "
+                              f"use decode.run for one.")
     kw = dict(kv_len=kv_len, group=group, head_dim=head_dim, tile=tile, dtype=dtype, mode=mode,
               topology=topology, seed=seed, **overrides)
-    r2 = run("opt2", **kw)
+    runs: dict[str, DecodeRun] = {}
+    for v in variants:
+        runs[v] = run(v, **kw)
+        if mode == "data" and "q" not in kw:  # every variant on the first one's inputs
+            first = runs[v]
+            kw.update(q=first.q, k=first.k, v=first.v)
+    dispatch = {v: _uniform(r.dispatch_per_tile, f"{v} dispatch") for v, r in runs.items()}
+    closed = {v: _uniform(r.closed_form_per_tile, f"{v} closed form") for v, r in runs.items()}
+    cmp = Comparison(runs, dispatch, closed, {v: r.cycles for v, r in runs.items()})
     if mode == "data":
-        kw.update(q=r2.q, k=r2.k, v=r2.v)
-    r3 = run("opt3", **kw)
-    d2, d3 = (_uniform(r.dispatch_per_tile, f"{r.variant} dispatch") for r in (r2, r3))
-    c2, c3 = (_uniform(r.closed_form_per_tile, f"{r.variant} closed form") for r in (r2, r3))
-    cmp = Comparison(r2, r3, d2, d3, c2, c3, r2.cycles, r3.cycles)
-    if mode == "data":
-        cmp.max_abs_diff = {n: _max_abs(getattr(r2, n), getattr(r3, n)) for n in ("m", "l", "O")}
-        ref = r2.reference
-        r3._reference = ref
-        cmp.err_opt2, cmp.err_opt3 = r2.error, r3.error
-        cmp.err_baseline = _max_abs(baseline(r2.q, r2.k, r2.v, r2.params["dtype"]), ref)
+        names = list(runs)
+        cmp.max_abs_diffs = {f"{a}-{b}": {n: _max_abs(getattr(runs[a], n), getattr(runs[b], n))
+                                          for n in ("m", "l", "O")}
+                             for i, a in enumerate(names) for b in names[i + 1:]}
+        first = runs[names[0]]
+        ref = first.reference
+        for r in runs.values():
+            r._reference = ref
+        cmp.errors = {v: r.error for v, r in runs.items()}
+        cmp.err_baseline = _max_abs(baseline(first.q, first.k, first.v, first.params["dtype"]), ref)
     return cmp
 
 

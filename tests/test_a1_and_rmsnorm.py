@@ -156,3 +156,49 @@ def test_rmsnorm_operands_must_be_tcm():
     Y = sim.hbm("Y", shape=(4, 8))
     with pytest.raises(ValidationError, match=r"recipe 'rmsnorm': operand x=x is in HBM"):
         sim.run(lambda tl: tl.composite(prologue=[{"op": "rmsnorm", "x": x, "g": tl.load(g)}], op="gemm", b=W, out=Y))
+
+
+# --- N-variant comparison ------------------------------------------------------------------------------
+def test_three_variant_compare_through_the_api():
+    cmp = decode.compare(kv_len=512, variants=("opt2", "opt3", "a1"), seed=2)
+    assert cmp.variants == ("opt2", "opt3", "a1") and list(cmp.summary.index) == ["opt2", "opt3", "a1"]
+    assert cmp.dispatch == {"opt2": 103, "opt3": 425, "a1": 143} == cmp.closed_form
+    assert cmp.ratio == pytest.approx(425 / 103) and cmp.gate
+    gates = cmp.gates.set_index("rule")
+    assert list(gates.index) == ["opt3 > 2 x opt2", "a1 > 2 x opt2", "opt3 > 2 x a1"]
+    assert gates.loc["a1 > 2 x opt2", "ratio"] == pytest.approx(143 / 103) and not gates.loc["a1 > 2 x opt2", "pass"]
+    assert gates.loc["opt3 > 2 x a1", "pass"]
+    assert set(cmp.max_abs_diffs) == {"opt2-opt3", "opt2-a1", "opt3-a1"}
+    assert all(v == 0.0 for d in cmp.max_abs_diffs.values() for v in d.values())
+    assert cmp.a1.variant == "a1" and cmp.dispatch_a1 == 143 and cmp.err_a1 == cmp.err_opt2
+    d = cmp.to_dict()
+    assert d["variants"] == ["opt2", "opt3", "a1"] and set(d["cycles"]) == {"opt2", "opt3", "a1"}
+    with pytest.raises(AttributeError, match="variants are opt2, opt3, a1"):
+        cmp.dispatch_opt9
+
+
+def test_a_comparison_without_opt3_has_no_headline_gate_but_a_gate_report():
+    cmp = decode.compare(kv_len=256, variants=("a1", "opt2"), mode="timing")
+    assert cmp.gate is None and cmp.ratio is None and "ran a1, opt2" in cmp.ratio_note
+    assert list(cmp.gates.rule) == ["a1 > 2 x opt2"]
+    for bad, pattern in ((("opt2",), "two or more"), (("opt2", "opt2"), "twice"), ("opt2,opt3", "list or tuple"),
+                         (("opt2", "opt9"), "'opt9' is unknown")):
+        with pytest.raises(ValidationError, match=pattern):
+            decode.compare(kv_len=256, variants=bad, mode="timing")
+
+
+def test_three_variant_compare_through_the_cli(capsys):
+    import json
+
+    from kbwork.cli import main
+
+    assert main(["compare", "--kv-len", "512", "--mode", "timing", "--variants", "opt2,opt3,a1", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["variants"] == ["opt2", "opt3", "a1"]
+    assert d["dispatch_per_tile"] == {"opt2": 103, "opt3": 425, "a1": 143}
+    assert {g["rule"] for g in d["gates"]} == {"opt3 > 2 x opt2", "a1 > 2 x opt2", "opt3 > 2 x a1"}
+    assert main(["compare", "--kv-len", "512", "--mode", "timing", "--variants", "opt2,opt3,a1"]) == 0
+    text = capsys.readouterr().out
+    assert "a1" in text.splitlines()[3] and "gate a1 > 2 x opt2: FAIL (ratio 1.3883)" in text
+    assert main(["run", "--variant", "a1", "--kv-len", "256", "--mode", "timing"]) == 0
+    assert "DecodeRun(a1" in capsys.readouterr().out
