@@ -504,7 +504,7 @@ def _uniform(series: pd.Series, what: str) -> int:
 
 def _check_variants(variants: Any, where: str) -> tuple[str, ...]:
     if isinstance(variants, str) or not isinstance(variants, (list, tuple)):
-        raise ValidationError(f"{where}: variants must be a list or tuple of names such as "
+        raise ValidationError(f"{where}: variants must be a non-empty list or tuple of names such as "
                               f"{DEFAULT_VARIANTS!r} (known: {', '.join(VARIANTS)}), got {variants!r}.")
     for v in variants:
         _check_variant(v, where=where)
@@ -583,35 +583,47 @@ def _check_axis_value(name: str, val: Any, base: Topology) -> None:
 
 
 def sweep(*, variants: tuple[str, ...] = DEFAULT_VARIANTS, progress: bool = True, mode: str = "timing",
-          topology: Topology | str | None = None, **axes: Any) -> pd.DataFrame:
+          topology: Topology | str | None = None, client: Any = None, workers: int | None = None,
+          out: str | Path | None = None, resume: bool = False, **axes: Any) -> pd.DataFrame:
     """Simulate every variant at every point of the cartesian product of ``axes``.
 
     Each axis is a list (a scalar is a one-point axis), e.g.
     ``sweep(kv_len=[1024, 4096], fixed_cycles=[0, 40])``. Timing mode by default.
+    Points run on this machine's cores in processes (``workers=1``: here, in
+    order; small sweeps always run here), or on a Dask cluster when ``client``
+    is a ``distributed.Client`` or a scheduler address (:mod:`kbwork.parallel`);
+    the DataFrame is the same, rows in the same order, either way. ``progress``
+    shows a ``tqdm`` bar (a widget in Jupyter).
+
+    ``out`` (a ``.csv`` path) receives the rows as points finish, each with its
+    ``point`` index, so a long sweep can be stopped and continued: with
+    ``resume=True`` the points already in the file are not run again (the file
+    must come from the same axes and variants). When the sweep completes the
+    file is rewritten in point order.
 
     Returns:
-        One row per (point, variant): the axis values, ``cycles``, ``us``,
-        ``dispatch_per_tile``, ``dispatch_total`` (all DISPATCH cycles),
+        One row per (point, variant): the axis values, ``variant``, ``cycles``,
+        ``us``, ``dispatch_per_tile``, ``dispatch_total`` (all DISPATCH cycles),
         ``commands``, ``stages`` and ``n_tiles``.
 
     Raises:
         ValidationError: an unknown axis, an axis without values, a value of
             the wrong type for its axis (the error names the axis), an unknown
-            variant or mode; checked before the first point is simulated.
+            variant or mode, a bad ``out`` (or one that exists without
+            ``resume=True``, or that holds another sweep); checked before the
+            first point is simulated.
         ConfigError: a bad topology, or a topology value out of range.
     """
     import itertools
 
-    from .progress import progress as bar
+    from . import parallel
 
     unknown = [a for a in axes if a not in SWEEP_AXES]
     if unknown:
         raise ValidationError(f"sweep: unknown axis {', '.join(unknown)}; axes are {', '.join(SWEEP_AXES)}.")
-    if isinstance(variants, str) or not isinstance(variants, (list, tuple)) or not variants:
-        raise ValidationError(f"sweep: variants must be a non-empty list or tuple of names such as "
-                              f"{tuple(VARIANTS)!r}, got {variants!r}.")
-    for variant in variants:
-        _check_variant(variant, where="sweep")
+    variants = _check_variants(variants, "sweep")
+    if not variants:
+        raise ValidationError(f"sweep: variants is empty; give one or more of {', '.join(VARIANTS)}.")
     _check_mode(mode, where="sweep")
     names = list(axes)
     values = [list(v) if isinstance(v, (list, tuple, range, np.ndarray)) else [v] for v in axes.values()]
@@ -621,21 +633,106 @@ def sweep(*, variants: tuple[str, ...] = DEFAULT_VARIANTS, progress: bool = True
             raise ValidationError(f"sweep: axis {name!r} has no values; give at least one.")
         for val in vals:
             _check_axis_value(name, val, base)
-    points = list(itertools.product(*values))
+    points = [{n: (v.item() if isinstance(v, np.generic) else v) for n, v in zip(names, point)}
+              for point in itertools.product(*values)]
     for point in points:  # e.g. a kv_len that is not a multiple of some tile: fail now, not half-way
-        sizes = {n: dict(zip(names, point)).get(n, DEFAULTS[n]) for n in _SIZE_AXES}
+        sizes = {n: point.get(n, DEFAULTS[n]) for n in _SIZE_AXES}
         _check_sizes(where="sweep", **sizes)
         if mode == "data":
             _check_data_bytes(sizes["kv_len"], sizes["group"], sizes["head_dim"], where="sweep")
+    log = _SweepLog(out, names, variants, points, resume) if out is not None else None
+    todo = [i for i in range(len(points)) if log is None or i not in log.done]
+    tasks = [(points[i], variants, mode, base) for i in todo]
+    rows_of: dict[int, list[dict]] = dict(log.done) if log is not None else {}
+
+    def finished(k: int, rows: list[dict]) -> None:
+        rows_of[todo[k]] = rows
+        if log is not None:
+            log.append(todo[k], rows)
+
+    parallel.map_tasks(_sweep_point, tasks, client=client, workers=workers,
+                       progress=progress and len(tasks) * len(variants) > 4, desc="sweep", unit="point",
+                       on_result=finished)
+    if log is not None:
+        log.rewrite(rows_of)
+    return pd.DataFrame([row for i in range(len(points)) for row in rows_of[i]])
+
+
+def _sweep_point(task: tuple) -> list[dict]:
+    """Every variant at one sweep point: the rows :func:`sweep` returns for it (runs in a worker)."""
+    point, variants, mode, topology = task
     rows = []
-    for point in bar(points, desc="sweep", enabled=progress and len(points) * len(variants) > 4):
-        kw = dict(zip(names, point))
-        for variant in variants:
-            r = run(variant, mode=mode, topology=base, **kw)
-            per_tile = r.dispatch_per_tile
-            rows.append({**{n: (v.item() if isinstance(v, np.generic) else v) for n, v in kw.items()},
-                         "variant": variant, "cycles": r.cycles, "us": r.topology.cycles_to_us(r.cycles),
-                         "dispatch_per_tile": int(per_tile.iloc[0]),
-                         "dispatch_total": int(r.run.dispatch_cycles().sum()),
-                         "commands": len(r.run.commands), "stages": r.run.n_stages, "n_tiles": r.n_tiles})
-    return pd.DataFrame(rows)
+    for variant in variants:
+        r = run(variant, mode=mode, topology=topology, **point)
+        rows.append({**point, "variant": variant, "cycles": r.cycles, "us": r.topology.cycles_to_us(r.cycles),
+                     "dispatch_per_tile": int(r.dispatch_per_tile.iloc[0]),
+                     "dispatch_total": int(r.run.dispatch_cycles().sum()),
+                     "commands": len(r.run.commands), "stages": r.run.n_stages, "n_tiles": r.n_tiles})
+    return rows
+
+
+class _SweepLog:
+    """A sweep's rows on disk as they finish (``point`` first), so the sweep can resume from the file."""
+
+    METRICS = ("variant", "cycles", "us", "dispatch_per_tile", "dispatch_total", "commands", "stages", "n_tiles")
+
+    def __init__(self, path: str | Path, names: list[str], variants: tuple[str, ...], points: list[dict],
+                 resume: bool):
+        from . import atomic
+
+        self.path = Path(atomic.check_output_path(path, suffix=".csv", what="sweep out"))
+        self.columns = ["point", *names, *self.METRICS]
+        self.done: dict[int, list[dict]] = {}
+        if self.path.exists() and self.path.stat().st_size:
+            if not resume:
+                raise ValidationError(f"sweep: {str(self.path)!r} exists; pass resume=True to continue that sweep, "
+                                      f"or remove the file to start afresh.")
+            self._read(names, variants, points)
+            self.rewrite(self.done)  # without the rows of points cut short, which run again
+        else:
+            self.path.write_text(",".join(self.columns) + "\n")
+
+    def _read(self, names: list[str], variants: tuple[str, ...], points: list[dict]) -> None:
+        import io
+
+        text = self.path.read_text()
+        if not text.endswith("\n"):  # a write cut short: drop the torn last line
+            text = text[:text.rfind("\n") + 1]
+        try:
+            df = pd.read_csv(io.StringIO(text), keep_default_na=False)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as exc:
+            raise ValidationError(f"sweep: cannot resume from {str(self.path)!r}: it is not a sweep file ({exc}).") \
+                from None
+        if list(df.columns) != self.columns:
+            raise ValidationError(f"sweep: cannot resume from {str(self.path)!r}: its columns {list(df.columns)} are "
+                                  f"not this sweep's {self.columns}; write to another file.")
+        for point, group in df.groupby("point", sort=True):
+            i = int(point)
+            if not 0 <= i < len(points) or list(group["variant"]) != list(variants):
+                continue  # a point cut short (or from another sweep): run it again
+            rows = group.drop(columns="point").to_dict(orient="records")
+            want = points[i]
+            if any(str(rows[0][n]) != str(want[n]) for n in names):
+                raise ValidationError(f"sweep: cannot resume from {str(self.path)!r}: its point {i} is "
+                                      f"{ {n: rows[0][n] for n in names} }, this sweep's is {want}; the axes differ.")
+            self.done[i] = [{**want, **{k: r[k] for k in self.METRICS}} for r in rows]
+
+    def _rows_csv(self, rows: list[dict], point: int) -> str:
+        import io
+
+        buf = io.StringIO()
+        pd.DataFrame([{"point": point, **r} for r in rows], columns=self.columns).to_csv(
+            buf, header=False, index=False, lineterminator="\n")
+        return buf.getvalue()
+
+    def append(self, point: int, rows: list[dict]) -> None:
+        """Add one finished point's rows to the file."""
+        with open(self.path, "a", newline="") as f:
+            f.write(self._rows_csv(rows, point))
+
+    def rewrite(self, rows_of: dict[int, list[dict]]) -> None:
+        """Replace the file (atomically) by the header and ``rows_of`` in point order."""
+        from . import atomic
+
+        atomic.write_text(self.path, ",".join(self.columns) + "\n"
+                          + "".join(self._rows_csv(rows_of[i], i) for i in sorted(rows_of)))

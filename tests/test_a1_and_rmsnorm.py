@@ -181,7 +181,7 @@ def test_a_comparison_without_opt3_has_no_headline_gate_but_a_gate_report():
     cmp = decode.compare(kv_len=256, variants=("a1", "opt2"), mode="timing")
     assert cmp.gate is None and cmp.ratio is None and "ran a1, opt2" in cmp.ratio_note
     assert list(cmp.gates.rule) == ["a1 > 2 x opt2"]
-    for bad, pattern in ((("opt2",), "two or more"), (("opt2", "opt2"), "twice"), ("opt2,opt3", "list or tuple"),
+    for bad, pattern in ((("opt2",), "two or more"), (("opt2", "opt2"), "twice"), ("opt2,opt3", "non-empty list or tuple"),
                          (("opt2", "opt9"), "'opt9' is unknown")):
         with pytest.raises(ValidationError, match=pattern):
             decode.compare(kv_len=256, variants=bad, mode="timing")

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ..progress import progress
+from tqdm.auto import tqdm
 
 DEFAULT_KV = (1024, 4096, 32768, 131072, 1048576)
 OUT_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
@@ -205,13 +205,13 @@ def run_decode_suite(kv_lens: list[int], modes: list[str], tile: int = 128, with
     cases = [(v, kv, m) for kv in kv_lens for m in modes for v in ("opt2", "opt3")
              if not (m == "data" and kv > data_max_kv)]
     rows = [decode_case(v, kv, tile, m, with_refs)
-            for v, kv, m in progress(cases, desc="decode", enabled=show_progress)]
+            for v, kv, m in tqdm(cases, desc="decode", disable=not show_progress)]
     timing = [r for r in rows if r["mode"] == "timing"]
     keys = ("wall_s", "timeline_s", "simpy_s", "floor_s")
     for r in timing:
         r["passes"] = {k: [r[k]] for k in keys if k in r}
     for p in range(1, passes):
-        for r in progress(timing, desc=f"timing pass {p + 1}", enabled=show_progress):
+        for r in tqdm(timing, desc=f"timing pass {p + 1}", disable=not show_progress):
             more = timing_pass(r["variant"], r["kv_len"], r["tile"], "simpy_s" in r)
             r["simpy_match"] = r.get("simpy_match", True) and more.pop("simpy_match", True)
             for k, v in more.items():
