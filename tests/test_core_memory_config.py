@@ -184,7 +184,7 @@ DESIGN_DEFAULTS = dict(
     name="ahbm-pe-v1", clock_ghz=1.25,
     fixed_cycles=40, r_cycles_per_byte=0.0625, max_composite_logical_bytes=1024, cmd_queue_depth=8,
     plan_base_cycles=8, plan_cycles_per_op=2, hazard_policy="strict_fifo",
-    dma_base_cycles=200, dma_bytes_per_cycle=64,
+    dma_base_cycles=200, dma_bytes_per_cycle=64, dma_channels=1,
     fetch_bytes_per_cycle=128, gemm_base_cycles=16, mac_rows=32, mac_cols=32,
     tile_m=32, tile_n=128, tile_k=128, tile_buffers=2,
     math_base_cycles=8, math_elements_per_cycle=64, math_cost_exp=4, math_cost_other=1,
