@@ -1,9 +1,10 @@
 """The op_log: one row per executed stage, as a pandas DataFrame (DESIGN.md §6).
 
 Columns, in this order: ``seq, cmd, iter, label, stage, engine, op_kind,
-phase, tile, k_tile, tensor, bytes, start, end``. The canonical CSV has the
-same order, no index and ``\\n`` line endings; the Perfetto/Chrome-trace
-export has one track per engine with times in µs from the topology clock.
+phase, tile, k_tile, tensor, bytes, ready, start, end``. The canonical CSV
+has the same order, no index and ``\\n`` line endings; the Perfetto/Chrome-trace
+export has one track per engine unit (each DMA channel its own) with times in
+µs from the topology clock.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import re
 from pathlib import Path
 from typing import Sequence
 
@@ -18,19 +20,20 @@ import numpy as np
 import pandas as pd
 
 from .pe.scheduler import Program
-from .pe.stages import Engine, Phase, StageKind
+from .pe.stages import Engine, Phase, StageKind, unit_names
+from .pe.timeline import Timeline
 
 COLUMNS = ("seq", "cmd", "iter", "label", "stage", "engine", "op_kind", "phase", "tile", "k_tile", "tensor",
-           "bytes", "start", "end")
-INT_COLUMNS = ("seq", "cmd", "iter", "tile", "k_tile", "bytes", "start", "end")
+           "bytes", "ready", "start", "end")
+INT_COLUMNS = ("seq", "cmd", "iter", "tile", "k_tile", "bytes", "ready", "start", "end")
 ENGINE_NAMES = tuple(e.name for e in Engine)
 STAGE_NAMES = tuple(k.name for k in StageKind)
 PHASE_NAMES = tuple(p.label for p in Phase)
 
 
 _STAGE_DTYPE = pd.CategoricalDtype(STAGE_NAMES)
-_ENGINE_DTYPE = pd.CategoricalDtype(ENGINE_NAMES)
 _PHASE_DTYPE = pd.CategoricalDtype(PHASE_NAMES)
+_CHANNEL = re.compile(r"^(.*?)(\d+)$")
 
 
 @functools.lru_cache(maxsize=256)
@@ -47,12 +50,15 @@ def _categorical(values: Sequence[str]) -> pd.Categorical:
     return pd.Categorical.from_codes(codes, dtype=_dtype(cats), validate=False)
 
 
-def build_op_log(prog: Program, start: Sequence[int], end: Sequence[int]) -> pd.DataFrame:
+def build_op_log(prog: Program, timeline: Timeline) -> pd.DataFrame:
     """Assemble the op_log DataFrame of a simulated program (rows in seq order).
 
-    String columns are categoricals (a byte or two per row instead of a
-    pointer to a string object), so a million-stage op_log stays small. Their
-    codes are built here, in range by construction, so pandas does not check them.
+    ``engine`` names the unit each stage ran on (``PE_DMA0``, ``PE_DMA1``, ...
+    when PE_DMA has several channels); its categories are every unit, in
+    track order. String columns are categoricals (a byte or two per row
+    instead of a pointer to a string object), so a million-stage op_log
+    stays small. Their codes are built here, in range by construction, so
+    pandas does not check them.
     """
     t = prog.table
     n = len(t)
@@ -67,17 +73,43 @@ def build_op_log(prog: Program, start: Sequence[int], end: Sequence[int]) -> pd.
         "label": pd.Categorical.from_codes(cmd_label[cmd] if n else np.zeros(0, np.int32), dtype=_dtype(labels),
                                            validate=False),
         "stage": pd.Categorical.from_codes(np.array(t.kind, dtype=np.int8), dtype=_STAGE_DTYPE, validate=False),
-        "engine": pd.Categorical.from_codes(np.array(t.engine, dtype=np.int8), dtype=_ENGINE_DTYPE, validate=False),
+        "engine": pd.Categorical.from_codes(timeline.unit, dtype=_dtype(unit_names(timeline.engines)),
+                                            validate=False),
         "op_kind": _categorical(t.op_kind),
         "phase": pd.Categorical.from_codes(np.array(t.phase, dtype=np.int8), dtype=_PHASE_DTYPE, validate=False),
         "tile": np.array(t.tile, dtype=np.int64),
         "k_tile": np.array(t.k_tile, dtype=np.int64),
         "tensor": _categorical(t.tensor),
         "bytes": np.array(t.nbytes, dtype=np.int64),
-        "start": np.array(start, dtype=np.int64),
-        "end": np.array(end, dtype=np.int64),
+        "ready": timeline.ready,
+        "start": timeline.start,
+        "end": timeline.end,
     }
     return _frame(data, n)
+
+
+def engine_tracks(names: Sequence[str] | pd.Series) -> tuple[str, ...]:
+    """The engine units named in ``names``, in track order (``ENGINE_NAMES`` order, channels by number).
+
+    A categorical column gives its categories (every unit of the run, used or
+    not); plain names give every engine plus the channels that appear
+    (``PE_DMA0`` .. the highest seen) in place of their engine.
+
+    Raises:
+        ValueError: a name that is neither an engine nor a channel of one.
+    """
+    if isinstance(names, pd.Series) and isinstance(names.dtype, pd.CategoricalDtype):
+        return tuple(names.cat.categories)
+    channels: dict[str, int] = {}
+    for name in sorted(set(names)):
+        if name in ENGINE_NAMES:
+            continue
+        m = _CHANNEL.match(name)
+        if m is None or m.group(1) not in ENGINE_NAMES:
+            raise ValueError(f"op_log engine {name!r} is not one of {', '.join(ENGINE_NAMES)} "
+                             f"or a channel of one (PE_DMA0, PE_DMA1, ...).")
+        channels[m.group(1)] = max(channels.get(m.group(1), 0), int(m.group(2)) + 1)
+    return tuple(e if e not in channels else f"{e}{i}" for e in ENGINE_NAMES for i in range(channels.get(e, 1)))
 
 
 _COLUMN_INDEX = pd.Index(COLUMNS)
@@ -119,11 +151,17 @@ def to_csv(op_log: pd.DataFrame, path: str | Path | None = None) -> str:
 
 
 def read_csv(path: str | Path) -> pd.DataFrame:
-    """Read an op_log CSV back with the same dtypes :func:`build_op_log` gives (a lossless round trip)."""
+    """Read an op_log CSV back with the same dtypes :func:`build_op_log` gives (a lossless round trip;
+    ``engine``'s categories are the engines and the channels that appear, see :func:`engine_tracks`).
+
+    Raises:
+        ValueError: the file does not have the op_log schema.
+    """
     df = pd.read_csv(path, keep_default_na=False, dtype={c: "int64" for c in INT_COLUMNS})
     check_schema(df)
-    for col, dtype in (("stage", _STAGE_DTYPE), ("engine", _ENGINE_DTYPE), ("phase", _PHASE_DTYPE)):
+    for col, dtype in (("stage", _STAGE_DTYPE), ("phase", _PHASE_DTYPE)):
         df[col] = pd.Categorical(df[col], dtype=dtype)
+    df["engine"] = pd.Categorical(df["engine"], dtype=_dtype(engine_tracks(df["engine"])))
     for col in ("label", "op_kind", "tensor"):
         df[col] = _categorical(list(df[col]))
     return df
@@ -133,7 +171,7 @@ def to_perfetto(op_log: pd.DataFrame, path: str | Path | None = None, clock_ghz:
                 process_name: str = "AHBM PE") -> dict:
     """Export as Chrome-trace JSON (``"ph": "X"`` events) that Perfetto's UI opens.
 
-    One thread (track) per engine, named by metadata events; ``ts``/``dur`` in
+    One thread (track) per engine unit, named by metadata events; ``ts``/``dur`` in
     µs from ``clock_ghz``. Each event's ``args`` carry the op_log columns.
 
     Returns:
@@ -141,20 +179,21 @@ def to_perfetto(op_log: pd.DataFrame, path: str | Path | None = None, clock_ghz:
     """
     check_schema(op_log)
     per_us = clock_ghz * 1e3
+    tracks = engine_tracks(op_log["engine"])
     events: list[dict] = [{"ph": "M", "name": "process_name", "pid": 1, "tid": 0,
                            "args": {"name": process_name}}]
-    for i, name in enumerate(ENGINE_NAMES):
+    for i, name in enumerate(tracks):
         events.append({"ph": "M", "name": "thread_name", "pid": 1, "tid": i, "args": {"name": name}})
         events.append({"ph": "M", "name": "thread_sort_index", "pid": 1, "tid": i, "args": {"sort_index": i}})
-    eng_index = {n: i for i, n in enumerate(ENGINE_NAMES)}
+    track_of = {n: i for i, n in enumerate(tracks)}
     cols = op_log[list(COLUMNS)].itertuples(index=False, name=None)
-    for seq, cmd, it, label, stage, engine, op_kind, phase, tile, k_tile, tensor, nbytes, start, end in cols:
+    for seq, cmd, it, label, stage, engine, op_kind, phase, tile, k_tile, tensor, nbytes, ready, start, end in cols:
         name = f"{stage} {op_kind}" + (f" {tensor}" if tensor else "")
         events.append({
-            "name": name, "cat": stage, "ph": "X", "pid": 1, "tid": eng_index[engine],
+            "name": name, "cat": stage, "ph": "X", "pid": 1, "tid": track_of[engine],
             "ts": start / per_us, "dur": (end - start) / per_us,
             "args": {"seq": int(seq), "cmd": int(cmd), "iter": int(it), "label": label, "phase": phase,
-                     "tile": int(tile), "k_tile": int(k_tile), "bytes": int(nbytes),
+                     "tile": int(tile), "k_tile": int(k_tile), "bytes": int(nbytes), "ready_cycle": int(ready),
                      "start_cycle": int(start), "end_cycle": int(end)},
         })
     trace = {"traceEvents": events, "displayTimeUnit": "ns",

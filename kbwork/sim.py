@@ -18,7 +18,7 @@ from .oplog import build_op_log, to_csv, to_perfetto
 from .pe.engines import DataExecutor
 from .pe.scheduler import Program, schedule
 from .pe.tiling import StagingRing
-from .pe.timeline import simulate
+from .pe.timeline import Timeline, simulate
 from .triton_emu.tl_context import TLContext
 
 MODES = ("data", "timing")
@@ -123,13 +123,13 @@ class Simulator:
         if data:
             executor = DataExecutor(self.memory)
             with executor.quiet():
-                start, end = simulate(prog, executor.apply)
+                timeline = simulate(prog, executor.apply)
         else:
-            start, end = simulate(prog)
+            timeline = simulate(prog)
         t3 = perf_counter()
         names = dict(self._hbm)
         names.update(tl.names)
-        run = Run(self, prog, start, end, names, tcm)
+        run = Run(self, prog, timeline, names, tcm)
         run.timings = {"emit": t1 - t0, "schedule": t2 - t1, "simulate": t3 - t2}
         return run
 
@@ -143,20 +143,20 @@ class Run:
         program: the scheduled :class:`Program` (commands and stage table).
     """
 
-    def __init__(self, sim: Simulator, prog: Program, start: list[int], end: list[int],
-                 names: dict[str, Handle], tcm: Any):
+    def __init__(self, sim: Simulator, prog: Program, timeline: Timeline, names: dict[str, Handle], tcm: Any):
         self.sim = sim
         self.topology = sim.topo
         self.mode = sim.mode
         self.program = prog
-        # as arrays: the op_log wants them so, and a million-entry list would be walked by the
-        # garbage collector once the run re-enables it
-        self._start = np.array(start, dtype=np.int64)
-        self._end = np.array(end, dtype=np.int64)
+        # what the timeline recorded, as arrays (a million-entry list would be walked by the garbage
+        # collector once the run re-enables it)
+        self.timeline = timeline
+        self._start = timeline.start
+        self._end = timeline.end
         self._names = names
         self._tcm = tcm
         self._op_log: pd.DataFrame | None = None
-        self.cycles = int(self._end.max()) if len(end) else 0
+        self.cycles = int(self._end.max()) if len(self._end) else 0
         #: wall-clock seconds of each phase (emit, schedule, simulate, op_log), for benchmarks
         self.timings: dict[str, float] = {}
 
@@ -177,7 +177,7 @@ class Run:
         if self._op_log is None:
             t0 = perf_counter()
             with gc_paused():
-                self._op_log = build_op_log(self.program, self._start, self._end)
+                self._op_log = build_op_log(self.program, self.timeline)
             self.timings["op_log"] = perf_counter() - t0
         return self._op_log
 
