@@ -18,7 +18,7 @@ from .oplog import build_op_log, to_csv, to_perfetto
 from .pe.engines import DataExecutor
 from .pe.scheduler import Program, schedule
 from .pe.tiling import StagingRing
-from .pe.timeline import Timeline, simulate
+from .pe.timeline import CAUSES, Bindings, Timeline, simulate
 from .triton_emu.tl_context import TLContext
 
 MODES = ("data", "timing")
@@ -156,6 +156,7 @@ class Run:
         self._names = names
         self._tcm = tcm
         self._op_log: pd.DataFrame | None = None
+        self._bindings: Bindings | None = None
         self.cycles = int(self._end.max()) if len(self._end) else 0
         #: wall-clock seconds of each phase (emit, schedule, simulate, op_log), for benchmarks
         self.timings: dict[str, float] = {}
@@ -215,3 +216,45 @@ class Run:
     def to_perfetto(self, path: str | Path | None = None) -> dict:
         """The Chrome-trace/Perfetto JSON of the op_log (written to ``path`` if given)."""
         return to_perfetto(self.op_log, path, self.topology.clock_ghz)
+
+    @property
+    def bindings(self) -> Bindings:
+        """What bound each stage's start (``pe.timeline.Bindings``): ``run.bindings(seq)`` is
+        ``(cause code, stage)``, the code an index into ``pe.timeline.CAUSES``."""
+        if self._bindings is None:
+            self._bindings = Bindings(self.program, self.timeline)
+        return self._bindings
+
+    def critical_path(self) -> pd.DataFrame:
+        """The chain of stages that sets the end-to-end time (DESIGN §11).
+
+        From cycle 0 to ``cycles``: each row starts where the previous one
+        ends. It ends at the lowest-seq stage among those ending at
+        ``cycles`` and walks back through what bound each start; ties follow
+        the fixed order of ``pe.timeline`` (hazard, scheduler, wait, queue,
+        dependency, order; then the lowest seq).
+
+        Returns:
+            The path's op_log rows (a fresh index) plus ``cause``, a
+            categorical of ``pe.timeline.CAUSES``: what bound the row's start,
+            the link from the previous row (``dependency`` for the first row).
+        """
+        seqs, causes = self.bindings.critical_path()
+        path = self.op_log.iloc[seqs].reset_index(drop=True)
+        path["cause"] = pd.Categorical.from_codes(np.asarray(causes, np.int8), categories=list(CAUSES))
+        return path
+
+    def holds(self) -> pd.DataFrame:
+        """One row per command a hazard held after its PLAN (DESIGN §5, §11).
+
+        Returns:
+            Columns ``cmd``, ``label``, ``plan_end`` (its PLAN's end) and
+            ``release`` (the cycle the hold cleared), in command order. Under
+            strict FIFO a hold clears when every earlier command has
+            completed; under rw_aware when every command it conflicts with has.
+        """
+        tl, prog = self.timeline, self.program
+        held = tl.held
+        plan_end = self._end[np.asarray(prog.plan_seq, np.int64)[held]] if len(held) else np.zeros(0, np.int64)
+        return pd.DataFrame({"cmd": held.astype(np.int64), "label": [prog.labels[c] for c in held.tolist()],
+                             "plan_end": plan_end, "release": tl.release.astype(np.int64)})
