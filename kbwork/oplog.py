@@ -167,18 +167,56 @@ def read_csv(path: str | Path) -> pd.DataFrame:
     return df
 
 
+def cycles_to_ns(cycles: Sequence[int] | np.ndarray, clock_ghz: float) -> np.ndarray:
+    """Cycles as whole nanoseconds at ``clock_ghz``: ``cycles / clock_ghz`` rounded to the nearest
+    integer, halves to even (``numpy.rint``). Monotone, so stages that do not overlap in cycles do not
+    overlap in nanoseconds."""
+    return np.rint(np.asarray(cycles, dtype=np.float64) / clock_ghz).astype(np.int64)
+
+
+def _us(ns: np.ndarray) -> np.ndarray:
+    """Whole nanoseconds as microseconds that a reader turns back into exactly ``ns``.
+
+    ``ns / 1000`` is not always enough: ``1001 / 1000 * 1000`` is
+    1000.9999999999999, which truncates to 1000. Such values move up by one
+    unit in the last place, so ``us * 1000`` lands in ``[ns, ns + 0.5)`` and
+    both truncation and rounding give ``ns``.
+    """
+    us = ns / 1000.0
+    for _ in range(4):
+        low = us * 1000.0 < ns
+        if not low.any():
+            break
+        us[low] = np.nextafter(us[low], np.inf)
+    return us
+
+
 def to_perfetto(op_log: pd.DataFrame, path: str | Path | None = None, clock_ghz: float = 1.25,
-                process_name: str = "AHBM PE") -> dict:
+                process_name: str = "AHBM PE", critical_path: pd.DataFrame | None = None) -> dict:
     """Export as Chrome-trace JSON (``"ph": "X"`` events) that Perfetto's UI opens.
 
-    One thread (track) per engine unit, named by metadata events; ``ts``/``dur`` in
-    µs from ``clock_ghz``. Each event's ``args`` carry the op_log columns.
+    One thread (track) per engine unit, in track order (each DMA channel its
+    own), named by metadata events. Times are whole nanoseconds from
+    ``clock_ghz`` (:func:`cycles_to_ns`), rounded before ``dur`` is taken, and
+    written in µs (``ts = ns(start) / 1000``, ``dur = (ns(end) - ns(start)) /
+    1000``) such that ``× 1000`` gives the nanoseconds back whether the reader
+    rounds or truncates: no two slices of one track overlap in Perfetto. There
+    is no ``displayTimeUnit`` key (Perfetto would then read ``ts`` as ns).
+    Each event's ``args`` carry the op_log columns.
+
+    ``critical_path`` (rows with a ``seq`` column, as ``Run.critical_path()``
+    returns) is drawn as one flow through its stages: the path's events carry
+    ``bind_id`` with ``flow_out`` (the first), ``flow_in`` (the last) or both,
+    Perfetto's flow format that binds to the event itself, and an arg
+    ``cause`` when the path gives one.
 
     Returns:
         The trace as a dict (also written to ``path`` if given).
+
+    Raises:
+        ValueError: ``op_log`` does not have the op_log schema, or a critical-path seq is not in it.
     """
     check_schema(op_log)
-    per_us = clock_ghz * 1e3
     tracks = engine_tracks(op_log["engine"])
     events: list[dict] = [{"ph": "M", "name": "process_name", "pid": 1, "tid": 0,
                            "args": {"name": process_name}}]
@@ -186,18 +224,45 @@ def to_perfetto(op_log: pd.DataFrame, path: str | Path | None = None, clock_ghz:
         events.append({"ph": "M", "name": "thread_name", "pid": 1, "tid": i, "args": {"name": name}})
         events.append({"ph": "M", "name": "thread_sort_index", "pid": 1, "tid": i, "args": {"sort_index": i}})
     track_of = {n: i for i, n in enumerate(tracks)}
+    ns_start = cycles_to_ns(op_log["start"].to_numpy(), clock_ghz)
+    ns_end = cycles_to_ns(op_log["end"].to_numpy(), clock_ghz)
+    ts = _us(ns_start).tolist()
+    dur = _us(ns_end - ns_start).tolist()
+    flow: dict[int, dict] = {}
+    if critical_path is not None and len(critical_path):
+        row_of = {int(q): i for i, q in enumerate(op_log["seq"].to_numpy())}
+        seqs = critical_path["seq"].to_numpy()
+        causes = critical_path["cause"].astype(str).tolist() if "cause" in critical_path else [None] * len(seqs)
+        last = len(seqs) - 1
+        for k, (q, cause) in enumerate(zip(seqs.tolist(), causes)):
+            if q not in row_of:
+                raise ValueError(f"critical-path stage {q} is not in the op_log.")
+            mark: dict = {"bind_id": 1}
+            if k < last:
+                mark["flow_out"] = True
+            if k > 0:
+                mark["flow_in"] = True
+            if cause is not None:
+                mark["cause"] = cause
+            flow[row_of[q]] = mark
     cols = op_log[list(COLUMNS)].itertuples(index=False, name=None)
-    for seq, cmd, it, label, stage, engine, op_kind, phase, tile, k_tile, tensor, nbytes, ready, start, end in cols:
+    for i, (seq, cmd, it, label, stage, engine, op_kind, phase, tile, k_tile, tensor, nbytes, ready, start,
+            end) in enumerate(cols):
         name = f"{stage} {op_kind}" + (f" {tensor}" if tensor else "")
-        events.append({
-            "name": name, "cat": stage, "ph": "X", "pid": 1, "tid": track_of[engine],
-            "ts": start / per_us, "dur": (end - start) / per_us,
+        event = {
+            "name": name, "cat": stage, "ph": "X", "pid": 1, "tid": track_of[engine], "ts": ts[i], "dur": dur[i],
             "args": {"seq": int(seq), "cmd": int(cmd), "iter": int(it), "label": label, "phase": phase,
                      "tile": int(tile), "k_tile": int(k_tile), "bytes": int(nbytes), "ready_cycle": int(ready),
                      "start_cycle": int(start), "end_cycle": int(end)},
-        })
-    trace = {"traceEvents": events, "displayTimeUnit": "ns",
-             "otherData": {"clock_ghz": clock_ghz, "source": "kbwork"}}
+        }
+        mark = flow.get(i)
+        if mark is not None:
+            cause = mark.pop("cause", None)
+            if cause is not None:
+                event["args"]["cause"] = cause
+            event.update(mark)
+        events.append(event)
+    trace = {"traceEvents": events, "otherData": {"clock_ghz": clock_ghz, "source": "kbwork"}}
     if path is not None:
         Path(path).write_text(json.dumps(trace, separators=(",", ":")))
     return trace

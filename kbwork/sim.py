@@ -214,8 +214,9 @@ class Run:
         return to_csv(self.op_log, path)
 
     def to_perfetto(self, path: str | Path | None = None) -> dict:
-        """The Chrome-trace/Perfetto JSON of the op_log (written to ``path`` if given)."""
-        return to_perfetto(self.op_log, path, self.topology.clock_ghz)
+        """The Chrome-trace/Perfetto JSON of the op_log, the critical path drawn as flow events
+        (written to ``path`` if given)."""
+        return to_perfetto(self.op_log, path, self.topology.clock_ghz, critical_path=self.critical_path())
 
     @property
     def bindings(self) -> Bindings:
