@@ -101,7 +101,7 @@ def engine_tracks(names: Sequence[str] | pd.Series) -> tuple[str, ...]:
     if isinstance(names, pd.Series) and isinstance(names.dtype, pd.CategoricalDtype):
         return tuple(names.cat.categories)
     channels: dict[str, int] = {}
-    for name in sorted(set(names)):
+    for name in sorted(pd.unique(np.asarray(names, dtype=object))):
         if name in ENGINE_NAMES:
             continue
         m = _CHANNEL.match(name)
