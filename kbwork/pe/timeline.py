@@ -86,7 +86,8 @@ _DISPATCH, _PLAN = int(StageKind.DISPATCH), int(StageKind.PLAN)
 #: What bound a stage's start: the cause of a critical-path link (DESIGN §11).
 CAUSES = ("engine", "dependency", "hazard", "queue", "wait", "scheduler", "order")
 ENGINE, DEPENDENCY, HAZARD, QUEUE, WAIT, SCHEDULER, ORDER = range(len(CAUSES))
-#: When constraints tie at the cycle that sets ``ready``, the first of these is named.
+#: When constraints tie at the cycle that sets ``ready``, the first of these is named (``Bindings``
+#: tries each stage kind's constraints in this order).
 TIE_ORDER = (HAZARD, SCHEDULER, WAIT, QUEUE, DEPENDENCY, ORDER)
 
 
@@ -249,8 +250,13 @@ def simulate(prog: Program, apply: Callable[[object], None] | None = None,
     # the engines the loop walks for plan stages, in engine-table order: (ready heap, unit) of those
     # with one unit, (ready heap, units) of those with several. Walking one group before the other
     # changes nothing: a start never makes another stage ready, only an end does.
-    walk_one = [(ready_q[e], units_of[e][0]) for e in range(2, len(engines)) if len(units_of[e]) == 1]
-    walk_many = [(ready_q[e], units_of[e]) for e in range(2, len(engines)) if len(units_of[e]) > 1]
+    walk_one: list[tuple[list[int], int]] = []
+    walk_many: list[tuple[list[int], tuple[int, ...]]] = []
+    for e in range(2, len(engines)):  # loops, not comprehensions, so that ready_q stays a plain local
+        if len(units_of[e]) == 1:
+            walk_one.append((ready_q[e], units_of[e][0]))
+        else:
+            walk_many.append((ready_q[e], units_of[e]))
 
     cmd_left = [e - f for f, e in zip(prog.plan_first, prog.plan_end)]
     completed = [False] * ncmd
@@ -272,7 +278,10 @@ def simulate(prog: Program, apply: Callable[[object], None] | None = None,
     last_release = (-1, -1)         # (time, stage) of the latest strict-FIFO release
     final_stage = [-1] * ncmd
 
-    def release(c: int, by: int, t: int) -> None:
+    # the lists release() touches come in as defaults, not from the enclosing scope: a name a nested
+    # function reads becomes a closure cell, slower to reach on every use in the loop below
+    def release(c: int, by: int, t: int, succ=succ, plan_seq=plan_seq, edges=edges, remaining=remaining,
+                ready_q=ready_q, engine=engine, rdy=rdy, release_at=release_at) -> None:
         for u in succ[plan_seq[c]]:
             if edges is not None and by >= 0:
                 edges[u].append(by)
@@ -346,7 +355,10 @@ def simulate(prog: Program, apply: Callable[[object], None] | None = None,
             if not wc or all(completed[w] for w in wc):
                 s = dispatch_seq[c]
                 if wc:
-                    waited.append((c, max([end[final_stage[w]] for w in wc])))
+                    when = 0
+                    for w in wc:  # a loop, not a comprehension: that would make ``end`` a closure cell
+                        when = max(when, end[final_stage[w]])
+                    waited.append((c, when))
                 if edges is not None:
                     edges[s].extend(final_stage[w] for w in waits[c])
                     if last_completion[0] == t:
