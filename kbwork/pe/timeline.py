@@ -474,6 +474,7 @@ class Bindings:
         self._strict = prog.topo.hazard_policy == "strict_fifo"
         self._held_index = {int(c): i for i, c in enumerate(tl.held)}
         self._by_unit: tuple[np.ndarray, np.ndarray] | None = None
+        self._path: tuple[list[int], list[int]] | None = None
         # commands by (completion cycle, id): the lowest-numbered command completing at a cycle
         self._by_done = np.lexsort((np.arange(len(tl.done)), tl.done))
         self._done_sorted = tl.done[self._by_done]
@@ -574,6 +575,12 @@ class Bindings:
             ``(seqs, causes)`` in time order: the stages and the cause of each
             one's incoming link (the first, starting at cycle 0, ``dependency``).
         """
+        if self._path is None:
+            self._path = self._walk()
+        seqs, causes = self._path
+        return list(seqs), list(causes)
+
+    def _walk(self) -> tuple[list[int], list[int]]:
         tl = self.tl
         if not len(tl.end):
             return [], []
