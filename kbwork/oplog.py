@@ -81,9 +81,10 @@ def build_op_log(prog: Program, timeline: Timeline) -> pd.DataFrame:
         "k_tile": np.array(t.k_tile, dtype=np.int64),
         "tensor": _categorical(t.tensor),
         "bytes": np.array(t.nbytes, dtype=np.int64),
-        "ready": timeline.ready,
-        "start": timeline.start,
-        "end": timeline.end,
+        # copies: the op_log is the user's to edit, the timeline's arrays stay what the run recorded
+        "ready": timeline.ready.copy(),
+        "start": timeline.start.copy(),
+        "end": timeline.end.copy(),
     }
     return _frame(data, n)
 

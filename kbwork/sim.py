@@ -141,6 +141,8 @@ class Run:
         op_log: one row per executed stage (built on first access).
         cycles: end-to-end cycles (the last stage's end).
         program: the scheduled :class:`Program` (commands and stage table).
+        timeline: what the event loop recorded (``pe.timeline.Timeline``: start,
+            end and ready of every stage, its unit, the hazard holds).
     """
 
     def __init__(self, sim: Simulator, prog: Program, timeline: Timeline, names: dict[str, Handle], tcm: Any):
