@@ -129,7 +129,8 @@ class Timeline:
         engines: the engine table the loop walked (``unit_names(engines)`` names the units).
         start, end: cycles of every stage.
         ready: the cycle from which only its engine kept each stage waiting (module docstring).
-        unit: the unit each stage ran on (an index into ``unit_names(engines)``).
+        unit: the unit each stage ran on (an index into ``unit_names(engines)``); ``units`` holds
+            it as the loop left it (the stage table's engine column when every engine has one unit).
         done: per command, the cycle it completed.
         held, release: the held commands, ascending, and the cycle each hold was released.
         hit_ptr, hit: rw_aware: ``held[i]`` waited for the commands
