@@ -1,21 +1,30 @@
-"""Per-tile dispatch, its closed form, and the dispatch-ratio gate.
+"""Per-tile dispatch, its closed form, the dispatch-ratio gate, and where a run's time goes.
 
 The simulated per-tile dispatch is read off an op_log (DISPATCH stage
 durations summed by ``iter``). The closed form applies the dispatch formula
 of DESIGN.md §4 to the logical bytes of the commands a tile emits, with no
 simulation; the two must agree exactly.
+
+Where the time goes (DESIGN.md §11), data in, data out: :func:`utilization`
+and :func:`utilization_over_time` read an op_log; :func:`attribution`,
+:func:`waits` and :func:`what_if` read a run (its critical path, its holds,
+its program) and return DataFrames.
 """
 
 from __future__ import annotations
 
+import numbers
 from fractions import Fraction
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
 
-from .config import Topology
+from .config import Topology, exact_fraction
+from .errors import ValidationError
+from .oplog import ENGINE_NAMES, engine_tracks
 from .pe.commands import Command, dispatch_cycles
+from .pe.timeline import CAUSES, simulate
 
 GATE_FACTOR = 2.0
 
@@ -90,3 +99,257 @@ def ratio_grid(bytes_opt2: Sequence[int], bytes_opt3: Sequence[int], fixed_value
             grid[i, j] = d3 / d2 if d2 else np.inf
     return pd.DataFrame(grid, index=pd.Index([int(round(f)) for f in fixed_values], name="fixed_cycles"),
                         columns=pd.Index(list(r_values), name="r_cycles_per_byte"))
+
+
+# --- where the time goes (DESIGN §11) ------------------------------------------------------------------
+def utilization(op_log: pd.DataFrame) -> pd.DataFrame:
+    """How busy each engine unit was over the run.
+
+    Returns:
+        One row per engine unit in track order (each DMA channel its own;
+        with a categorical ``engine`` column, every unit of the run, used or
+        not): ``engine``, ``stages``, ``busy_cycles`` (the sum of its stages'
+        ``end - start``) and ``busy_fraction`` (busy cycles over the run's
+        cycles, the last ``end``; 0 for an empty run).
+    """
+    tracks = engine_tracks(op_log["engine"])
+    codes = pd.Categorical(op_log["engine"], categories=tracks).codes
+    dur = (op_log["end"] - op_log["start"]).to_numpy(np.int64)
+    cycles = int(op_log["end"].max()) if len(op_log) else 0
+    busy = np.bincount(codes, weights=dur, minlength=len(tracks)).astype(np.int64)
+    return pd.DataFrame({"engine": list(tracks),
+                         "stages": np.bincount(codes, minlength=len(tracks)).astype(np.int64),
+                         "busy_cycles": busy,
+                         "busy_fraction": busy / cycles if cycles else np.zeros(len(tracks))})
+
+
+def utilization_over_time(op_log: pd.DataFrame, bins: int | Sequence[float] = 100) -> pd.DataFrame:
+    """Busy fraction of each engine unit in each time bin.
+
+    Args:
+        op_log: an op_log.
+        bins: a number of equal bins from cycle 0 to the run's last cycle, or
+            the increasing bin edges in cycles.
+
+    Returns:
+        One row per bin, indexed by the bin's first cycle (``bin_start``), one
+        column per engine unit in track order: the fraction of the bin that
+        unit was busy (0 for an empty bin). Vectorised: a unit runs one stage
+        at a time, so its busy time up to any cycle is a prefix sum over its
+        stages sorted by start.
+
+    Raises:
+        ValidationError: ``bins`` is not a positive int or increasing edges.
+    """
+    tracks = engine_tracks(op_log["engine"])
+    cycles = int(op_log["end"].max()) if len(op_log) else 0
+    if isinstance(bins, numbers.Integral) and not isinstance(bins, bool):
+        if bins <= 0:
+            raise ValidationError(f"utilization_over_time: bins={bins}; pass a positive number of bins.")
+        edges = np.linspace(0.0, float(cycles), int(bins) + 1)
+    else:
+        edges = np.asarray(bins, dtype=np.float64)
+        if edges.ndim != 1 or len(edges) < 2 or (np.diff(edges) < 0).any():
+            raise ValidationError("utilization_over_time: bins must be a positive int or at least two "
+                                  "increasing edges (cycles).")
+    codes = pd.Categorical(op_log["engine"], categories=tracks).codes
+    start = op_log["start"].to_numpy(np.int64)
+    end = op_log["end"].to_numpy(np.int64)
+    order = np.lexsort((start, codes))
+    codes, start, end = codes[order], start[order], end[order]
+    bounds = np.searchsorted(codes, np.arange(len(tracks) + 1))
+    width = np.diff(edges)
+    out = {}
+    for i, name in enumerate(tracks):
+        s, e = start[bounds[i]:bounds[i + 1]], end[bounds[i]:bounds[i + 1]]
+        if not len(s):
+            out[name] = np.zeros(len(width))
+            continue
+        d = e - s
+        cum = np.concatenate(([0], np.cumsum(d)))
+        busy = _busy_before(s, d, cum, edges[1:]) - _busy_before(s, d, cum, edges[:-1])
+        out[name] = np.divide(busy, width, out=np.zeros(len(width)), where=width > 0)
+    return pd.DataFrame(out, index=pd.Index(edges[:-1], name="bin_start"))
+
+
+def _busy_before(s: np.ndarray, d: np.ndarray, cum: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Busy cycles of one unit before each cycle in ``x``: its stages start at ``s`` (ascending, never
+    overlapping) and last ``d``; ``cum[k]`` is the busy time of the first k. The stages starting before x
+    are over by then, all but the last of them, which counts up to x."""
+    k = np.searchsorted(s, x, side="left")
+    last = np.maximum(k - 1, 0)
+    return cum[last] + np.where(k > 0, np.minimum(x - s[last], d[last]), 0)
+
+
+def attribution(run) -> pd.DataFrame:
+    """The critical path's cycles by engine unit and by cause (DESIGN §11).
+
+    Each row of ``run.critical_path()`` counts its ``end - start`` once to its
+    engine and once to the cause of its incoming link (the first row's is
+    ``dependency``). The path runs from cycle 0 to ``run.cycles`` without gaps,
+    so each of the two sums is ``run.cycles`` exactly.
+
+    Returns:
+        Long form: ``by`` (``"engine"`` or ``"cause"``), ``name`` (every engine
+        unit in track order, then every cause of ``pe.timeline.CAUSES``, zeros
+        included), ``cycles`` and ``fraction`` (of ``run.cycles``).
+    """
+    path = run.critical_path()
+    dur = (path["end"] - path["start"]).to_numpy(np.int64)
+    tracks = engine_tracks(run.op_log["engine"])
+    by_engine = np.bincount(pd.Categorical(path["engine"], categories=tracks).codes, weights=dur,
+                            minlength=len(tracks)).astype(np.int64)
+    by_cause = np.bincount(path["cause"].cat.codes.to_numpy(), weights=dur, minlength=len(CAUSES)).astype(np.int64)
+    cycles = np.concatenate((by_engine, by_cause))
+    total = run.cycles
+    return pd.DataFrame({"by": ["engine"] * len(tracks) + ["cause"] * len(CAUSES),
+                         "name": list(tracks) + list(CAUSES), "cycles": cycles,
+                         "fraction": cycles / total if total else np.zeros(len(cycles))})
+
+
+#: The columns of :func:`waits`, in order, after ``stage, engine, stages``.
+WAIT_COLUMNS = ("dependency", "hazard", "queue", "wait", "scheduler", "engine_busy", "total")
+
+
+def waits(run) -> pd.DataFrame:
+    """Stage-cycles spent waiting, by stage kind and engine unit, split by what was waited for.
+
+    Each stage waits from the cycle its engine could first have taken it, in
+    the order the PE issues work, until it starts:
+
+    * a plan stage (DMA_READ, FETCH, GEMM, MATH, DMA_WRITE) from its
+      command's PLAN end: ``hazard`` = the hold of its command (release − PLAN
+      end, from ``run.holds()``; 0 if not held), ``dependency`` = ready −
+      release (its data, tile and staging-ring edges), ``engine_busy`` =
+      start − ready (ready, but its engine — every DMA channel — was busy);
+    * a DISPATCH from the end of the previous DISPATCH (cycle 0 for the
+      first): the CPU idles until its ``ready``, charged to ``wait`` (a
+      ``tl.wait``) or ``queue`` (a full command queue), whichever set
+      ``ready`` (a tie: ``wait``);
+    * a PLAN from the later of its DISPATCH's end and the previous PLAN's
+      end: charged to ``scheduler`` (blocked behind a held command, strict
+      FIFO).
+
+    DISPATCH and PLAN never wait for their engine in this sense: it is busy
+    only with the previous command, which they follow in order. Every stage's
+    columns add up to its wait, ``total``.
+
+    Returns:
+        One row per (stage kind, engine unit) present, stage kinds in
+        pipeline order and units in track order: ``stage``, ``engine``,
+        ``stages``, then :data:`WAIT_COLUMNS` as integer cycles summed over
+        those stages.
+    """
+    prog, tl = run.program, run.timeline
+    log = run.op_log
+    kind = log["stage"].cat.codes.to_numpy(np.int64)
+    cmd = log["cmd"].to_numpy(np.int64)
+    ready, start, end = (log[c].to_numpy(np.int64) for c in ("ready", "start", "end"))
+    d = np.asarray(prog.dispatch_seq, np.int64)
+    p = d + 1
+    plan_end = end[p]
+    released = plan_end.copy()
+    holds = run.holds()
+    released[holds["cmd"].to_numpy(np.int64)] = holds["release"].to_numpy(np.int64)
+    n = len(log)
+    cols = {c: np.zeros(n, np.int64) for c in WAIT_COLUMNS}
+    work = kind >= 2
+    c = cmd[work]
+    cols["hazard"][work] = released[c] - plan_end[c]
+    cols["dependency"][work] = ready[work] - released[c]
+    cols["engine_busy"][work] = start[work] - ready[work]
+    cols["total"][work] = start[work] - plan_end[c]
+    # DISPATCH: idle from the previous DISPATCH's end to ready, for a wait or a queue slot
+    prev_end = np.concatenate(([0], end[d[:-1]]))
+    idle = np.maximum(ready[d] - prev_end, 0)
+    by_wait = tl.front.d_wait == ready[d]
+    cols["wait"][d] = np.where(by_wait, idle, 0)
+    cols["queue"][d] = np.where(by_wait, 0, idle)
+    cols["engine_busy"][d] = start[d] - np.maximum(ready[d], prev_end)
+    cols["total"][d] = start[d] - prev_end
+    # PLAN: idle from max(its DISPATCH's end, the previous PLAN's end) to ready, behind a hold
+    since = np.maximum(end[d], np.concatenate(([0], end[p[:-1]])))
+    cols["scheduler"][p] = np.maximum(ready[p] - since, 0)
+    cols["engine_busy"][p] = start[p] - np.maximum(ready[p], since)
+    cols["total"][p] = start[p] - since
+    frame = pd.DataFrame({"stage": log["stage"], "engine": log["engine"], "stages": 1, **cols})
+    out = frame.groupby(["stage", "engine"], observed=True, sort=True).sum().reset_index()
+    out["stage"] = out["stage"].astype(str)
+    out["engine"] = out["engine"].astype(str)
+    return out
+
+
+def _resolve_run(run_or_params: Any):
+    """A :class:`~kbwork.Run` from a Run, a ``decode.DecodeRun`` or a dict of ``decode.run`` parameters."""
+    from .sim import Run
+
+    if isinstance(run_or_params, Run):
+        return run_or_params
+    inner = getattr(run_or_params, "run", None)
+    if isinstance(inner, Run):
+        return inner
+    if isinstance(run_or_params, dict):
+        from . import decode  # here, not at the top: decode imports this module
+
+        params = dict(run_or_params)
+        variant = params.pop("variant", None)
+        if variant is None:
+            raise ValidationError("what_if: a dict of decode.run parameters needs 'variant' "
+                                  f"(one of {', '.join(decode.VARIANTS)}).")
+        params["mode"] = "timing"
+        return decode.run(variant, **params).run
+    raise ValidationError(f"what_if takes a Run, a decode.DecodeRun or a dict of decode.run parameters, "
+                          f"not {type(run_or_params).__name__}.")
+
+
+def what_if(run_or_params: Any, engine: str | Sequence[str] | None = None, speedup: float = 2.0) -> pd.DataFrame:
+    """Causal profiling: re-simulate with one engine's stages ``speedup`` times faster.
+
+    The run's own program is re-simulated in timing mode (the same stages,
+    dependencies, hazards and queue) with every stage of the engine taking
+    ``ceil(d / speedup)`` cycles instead of ``d``, ``speedup`` read as the
+    exact decimal it is written as: speedup 1 reproduces the run exactly, a
+    stage that takes time never becomes free, and a speedup below 1 slows
+    the engine down. A DMA speedup applies to every channel.
+
+    Args:
+        run_or_params: a :class:`~kbwork.Run`, a ``decode.DecodeRun`` (its
+            ``.run``) or a dict of ``decode.run`` parameters including
+            ``variant`` (run in timing mode first).
+        engine: an engine name (``"PE_DMA"``, ``"PE_GEMM"``, ...), a list of
+            them, or ``None`` for every engine (one row each).
+        speedup: a positive finite factor.
+
+    Returns:
+        One row per engine: ``engine``, ``speedup``, ``baseline_cycles`` (the
+        run's), ``cycles`` (re-simulated), ``change_cycles`` (cycles −
+        baseline), ``change`` (that as a fraction of the baseline) and
+        ``end_to_end_speedup`` (baseline / cycles).
+
+    Raises:
+        ValidationError: an unknown engine, a bad speedup, or an input that is none of the above.
+    """
+    run = _resolve_run(run_or_params)
+    if isinstance(speedup, bool) or not isinstance(speedup, numbers.Real) or not np.isfinite(speedup) \
+            or speedup <= 0:
+        raise ValidationError(f"what_if: speedup={speedup!r}; pass a positive finite number (2 = twice as fast).")
+    names = list(ENGINE_NAMES) if engine is None else [engine] if isinstance(engine, str) else list(engine)
+    for name in names:
+        if name not in ENGINE_NAMES:
+            hint = (f" ({name!r} is a channel; name its engine)" if isinstance(name, str)
+                    and name.rstrip("0123456789") in ENGINE_NAMES else "")
+            raise ValidationError(f"what_if: unknown engine {name!r}{hint}; use one of {', '.join(ENGINE_NAMES)}.")
+    factor = exact_fraction(speedup)
+    prog = run.program
+    base_dur = prog.table.dur
+    eng = prog.table.engine
+    rows = []
+    for name in names:
+        e = ENGINE_NAMES.index(name)
+        dur = [-(-d * factor.denominator // factor.numerator) if k == e else d for d, k in zip(base_dur, eng)]
+        cycles = int(simulate(prog, dur=dur).end.max()) if len(dur) else 0
+        base = run.cycles
+        rows.append({"engine": name, "speedup": float(speedup), "baseline_cycles": base, "cycles": cycles,
+                     "change_cycles": cycles - base, "change": (cycles - base) / base if base else 0.0,
+                     "end_to_end_speedup": base / cycles if cycles else float("nan")})
+    return pd.DataFrame(rows)

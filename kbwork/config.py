@@ -51,6 +51,7 @@ class Topology:
     # PE_DMA
     dma_base_cycles: int = 200
     dma_bytes_per_cycle: int = 64
+    dma_channels: int = 1
     # PE_GEMM
     fetch_bytes_per_cycle: int = 128
     gemm_base_cycles: int = 16

@@ -1,9 +1,10 @@
 """The op_log: one row per executed stage, as a pandas DataFrame (DESIGN.md §6).
 
 Columns, in this order: ``seq, cmd, iter, label, stage, engine, op_kind,
-phase, tile, k_tile, tensor, bytes, start, end``. The canonical CSV has the
-same order, no index and ``\\n`` line endings; the Perfetto/Chrome-trace
-export has one track per engine with times in µs from the topology clock.
+phase, tile, k_tile, tensor, bytes, ready, start, end``. The canonical CSV
+has the same order, no index and ``\\n`` line endings; the Perfetto/Chrome-trace
+export has one track per engine unit (each DMA channel its own) with times in
+µs from the topology clock.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import re
 from pathlib import Path
 from typing import Sequence
 
@@ -19,19 +21,20 @@ import pandas as pd
 
 from . import atomic
 from .pe.scheduler import Program
-from .pe.stages import Engine, Phase, StageKind
+from .pe.stages import Engine, Phase, StageKind, unit_names
+from .pe.timeline import Timeline
 
 COLUMNS = ("seq", "cmd", "iter", "label", "stage", "engine", "op_kind", "phase", "tile", "k_tile", "tensor",
-           "bytes", "start", "end")
-INT_COLUMNS = ("seq", "cmd", "iter", "tile", "k_tile", "bytes", "start", "end")
+           "bytes", "ready", "start", "end")
+INT_COLUMNS = ("seq", "cmd", "iter", "tile", "k_tile", "bytes", "ready", "start", "end")
 ENGINE_NAMES = tuple(e.name for e in Engine)
 STAGE_NAMES = tuple(k.name for k in StageKind)
 PHASE_NAMES = tuple(p.label for p in Phase)
 
 
 _STAGE_DTYPE = pd.CategoricalDtype(STAGE_NAMES)
-_ENGINE_DTYPE = pd.CategoricalDtype(ENGINE_NAMES)
 _PHASE_DTYPE = pd.CategoricalDtype(PHASE_NAMES)
+_CHANNEL = re.compile(r"^(.*?)(\d+)$")
 
 
 @functools.lru_cache(maxsize=256)
@@ -48,12 +51,15 @@ def _categorical(values: Sequence[str]) -> pd.Categorical:
     return pd.Categorical.from_codes(codes, dtype=_dtype(cats), validate=False)
 
 
-def build_op_log(prog: Program, start: Sequence[int], end: Sequence[int]) -> pd.DataFrame:
+def build_op_log(prog: Program, timeline: Timeline) -> pd.DataFrame:
     """Assemble the op_log DataFrame of a simulated program (rows in seq order).
 
-    String columns are categoricals (a byte or two per row instead of a
-    pointer to a string object), so a million-stage op_log stays small. Their
-    codes are built here, in range by construction, so pandas does not check them.
+    ``engine`` names the unit each stage ran on (``PE_DMA0``, ``PE_DMA1``, ...
+    when PE_DMA has several channels); its categories are every unit, in
+    track order. String columns are categoricals (a byte or two per row
+    instead of a pointer to a string object), so a million-stage op_log
+    stays small. Their codes are built here, in range by construction, so
+    pandas does not check them.
     """
     t = prog.table
     n = len(t)
@@ -68,17 +74,44 @@ def build_op_log(prog: Program, start: Sequence[int], end: Sequence[int]) -> pd.
         "label": pd.Categorical.from_codes(cmd_label[cmd] if n else np.zeros(0, np.int32), dtype=_dtype(labels),
                                            validate=False),
         "stage": pd.Categorical.from_codes(np.array(t.kind, dtype=np.int8), dtype=_STAGE_DTYPE, validate=False),
-        "engine": pd.Categorical.from_codes(np.array(t.engine, dtype=np.int8), dtype=_ENGINE_DTYPE, validate=False),
+        "engine": pd.Categorical.from_codes(timeline.unit, dtype=_dtype(unit_names(timeline.engines)),
+                                            validate=False),
         "op_kind": _categorical(t.op_kind),
         "phase": pd.Categorical.from_codes(np.array(t.phase, dtype=np.int8), dtype=_PHASE_DTYPE, validate=False),
         "tile": np.array(t.tile, dtype=np.int64),
         "k_tile": np.array(t.k_tile, dtype=np.int64),
         "tensor": _categorical(t.tensor),
         "bytes": np.array(t.nbytes, dtype=np.int64),
-        "start": np.array(start, dtype=np.int64),
-        "end": np.array(end, dtype=np.int64),
+        # copies: the op_log is the user's to edit, the timeline's arrays stay what the run recorded
+        "ready": timeline.ready.copy(),
+        "start": timeline.start.copy(),
+        "end": timeline.end.copy(),
     }
     return _frame(data, n)
+
+
+def engine_tracks(names: Sequence[str] | pd.Series) -> tuple[str, ...]:
+    """The engine units named in ``names``, in track order (``ENGINE_NAMES`` order, channels by number).
+
+    A categorical column gives its categories (every unit of the run, used or
+    not); plain names give every engine plus the channels that appear
+    (``PE_DMA0`` .. the highest seen) in place of their engine.
+
+    Raises:
+        ValueError: a name that is neither an engine nor a channel of one.
+    """
+    if isinstance(names, pd.Series) and isinstance(names.dtype, pd.CategoricalDtype):
+        return tuple(names.cat.categories)
+    channels: dict[str, int] = {}
+    for name in sorted(pd.unique(np.asarray(names, dtype=object))):
+        if name in ENGINE_NAMES:
+            continue
+        m = _CHANNEL.match(name)
+        if m is None or m.group(1) not in ENGINE_NAMES:
+            raise ValueError(f"op_log engine {name!r} is not one of {', '.join(ENGINE_NAMES)} "
+                             f"or a channel of one (PE_DMA0, PE_DMA1, ...).")
+        channels[m.group(1)] = max(channels.get(m.group(1), 0), int(m.group(2)) + 1)
+    return tuple(e if e not in channels else f"{e}{i}" for e in ENGINE_NAMES for i in range(channels.get(e, 1)))
 
 
 _COLUMN_INDEX = pd.Index(COLUMNS)
@@ -120,46 +153,118 @@ def to_csv(op_log: pd.DataFrame, path: str | Path | None = None) -> str:
 
 
 def read_csv(path: str | Path) -> pd.DataFrame:
-    """Read an op_log CSV back with the same dtypes :func:`build_op_log` gives (a lossless round trip)."""
+    """Read an op_log CSV back with the same dtypes :func:`build_op_log` gives (a lossless round trip;
+    ``engine``'s categories are the engines and the channels that appear, see :func:`engine_tracks`).
+
+    Raises:
+        ValueError: the file does not have the op_log schema.
+    """
     df = pd.read_csv(path, keep_default_na=False, dtype={c: "int64" for c in INT_COLUMNS})
     check_schema(df)
-    for col, dtype in (("stage", _STAGE_DTYPE), ("engine", _ENGINE_DTYPE), ("phase", _PHASE_DTYPE)):
+    for col, dtype in (("stage", _STAGE_DTYPE), ("phase", _PHASE_DTYPE)):
         df[col] = pd.Categorical(df[col], dtype=dtype)
+    df["engine"] = pd.Categorical(df["engine"], dtype=_dtype(engine_tracks(df["engine"])))
     for col in ("label", "op_kind", "tensor"):
         df[col] = _categorical(list(df[col]))
     return df
 
 
+def cycles_to_ns(cycles: Sequence[int] | np.ndarray, clock_ghz: float) -> np.ndarray:
+    """Cycles as whole nanoseconds at ``clock_ghz``: ``cycles / clock_ghz`` rounded to the nearest
+    integer, halves to even (``numpy.rint``). Monotone, so stages that do not overlap in cycles do not
+    overlap in nanoseconds."""
+    return np.rint(np.asarray(cycles, dtype=np.float64) / clock_ghz).astype(np.int64)
+
+
+def _us(ns: np.ndarray) -> np.ndarray:
+    """Whole nanoseconds as microseconds that a reader turns back into exactly ``ns``.
+
+    ``ns / 1000`` is not always enough: ``1001 / 1000 * 1000`` is
+    1000.9999999999999, which truncates to 1000. Such values move up by one
+    unit in the last place, so ``us * 1000`` lands in ``[ns, ns + 0.5)`` and
+    both truncation and rounding give ``ns``.
+    """
+    us = ns / 1000.0
+    for _ in range(4):
+        low = us * 1000.0 < ns
+        if not low.any():
+            break
+        us[low] = np.nextafter(us[low], np.inf)
+    return us
+
+
 def to_perfetto(op_log: pd.DataFrame, path: str | Path | None = None, clock_ghz: float = 1.25,
-                process_name: str = "AHBM PE") -> dict:
+                process_name: str = "AHBM PE", critical_path: pd.DataFrame | None = None) -> dict:
     """Export as Chrome-trace JSON (``"ph": "X"`` events) that Perfetto's UI opens.
 
-    One thread (track) per engine, named by metadata events; ``ts``/``dur`` in
-    µs from ``clock_ghz``. Each event's ``args`` carry the op_log columns.
+    One thread (track) per engine unit, in track order (each DMA channel its
+    own), named by metadata events. Times are whole nanoseconds from
+    ``clock_ghz`` (:func:`cycles_to_ns`), rounded before ``dur`` is taken, and
+    written in µs (``ts = ns(start) / 1000``, ``dur = (ns(end) - ns(start)) /
+    1000``) such that ``× 1000`` gives the nanoseconds back whether the reader
+    rounds or truncates: no two slices of one track overlap in Perfetto. There
+    is no ``displayTimeUnit`` key (Perfetto would then read ``ts`` as ns).
+    Each event's ``args`` carry the op_log columns.
+
+    ``critical_path`` (rows with a ``seq`` column, as ``Run.critical_path()``
+    returns) is drawn as one flow through its stages: the path's events carry
+    ``bind_id`` with ``flow_out`` (the first), ``flow_in`` (the last) or both,
+    Perfetto's flow format that binds to the event itself, and an arg
+    ``cause`` when the path gives one.
 
     Returns:
         The trace as a dict (also written to ``path`` if given).
+
+    Raises:
+        ValueError: ``op_log`` does not have the op_log schema, or a critical-path seq is not in it.
     """
     check_schema(op_log)
-    per_us = clock_ghz * 1e3
+    tracks = engine_tracks(op_log["engine"])
     events: list[dict] = [{"ph": "M", "name": "process_name", "pid": 1, "tid": 0,
                            "args": {"name": process_name}}]
-    for i, name in enumerate(ENGINE_NAMES):
+    for i, name in enumerate(tracks):
         events.append({"ph": "M", "name": "thread_name", "pid": 1, "tid": i, "args": {"name": name}})
         events.append({"ph": "M", "name": "thread_sort_index", "pid": 1, "tid": i, "args": {"sort_index": i}})
-    eng_index = {n: i for i, n in enumerate(ENGINE_NAMES)}
+    track_of = {n: i for i, n in enumerate(tracks)}
+    ns_start = cycles_to_ns(op_log["start"].to_numpy(), clock_ghz)
+    ns_end = cycles_to_ns(op_log["end"].to_numpy(), clock_ghz)
+    ts = _us(ns_start).tolist()
+    dur = _us(ns_end - ns_start).tolist()
+    flow: dict[int, dict] = {}
+    if critical_path is not None and len(critical_path):
+        row_of = {int(q): i for i, q in enumerate(op_log["seq"].to_numpy())}
+        seqs = critical_path["seq"].to_numpy()
+        causes = critical_path["cause"].astype(str).tolist() if "cause" in critical_path else [None] * len(seqs)
+        last = len(seqs) - 1
+        for k, (q, cause) in enumerate(zip(seqs.tolist(), causes)):
+            if q not in row_of:
+                raise ValueError(f"critical-path stage {q} is not in the op_log.")
+            mark: dict = {"bind_id": 1}
+            if k < last:
+                mark["flow_out"] = True
+            if k > 0:
+                mark["flow_in"] = True
+            if cause is not None:
+                mark["cause"] = cause
+            flow[row_of[q]] = mark
     cols = op_log[list(COLUMNS)].itertuples(index=False, name=None)
-    for seq, cmd, it, label, stage, engine, op_kind, phase, tile, k_tile, tensor, nbytes, start, end in cols:
+    for i, (seq, cmd, it, label, stage, engine, op_kind, phase, tile, k_tile, tensor, nbytes, ready, start,
+            end) in enumerate(cols):
         name = f"{stage} {op_kind}" + (f" {tensor}" if tensor else "")
-        events.append({
-            "name": name, "cat": stage, "ph": "X", "pid": 1, "tid": eng_index[engine],
-            "ts": start / per_us, "dur": (end - start) / per_us,
+        event = {
+            "name": name, "cat": stage, "ph": "X", "pid": 1, "tid": track_of[engine], "ts": ts[i], "dur": dur[i],
             "args": {"seq": int(seq), "cmd": int(cmd), "iter": int(it), "label": label, "phase": phase,
-                     "tile": int(tile), "k_tile": int(k_tile), "bytes": int(nbytes),
+                     "tile": int(tile), "k_tile": int(k_tile), "bytes": int(nbytes), "ready_cycle": int(ready),
                      "start_cycle": int(start), "end_cycle": int(end)},
-        })
-    trace = {"traceEvents": events, "displayTimeUnit": "ns",
-             "otherData": {"clock_ghz": clock_ghz, "source": "kbwork"}}
+        }
+        mark = flow.get(i)
+        if mark is not None:
+            cause = mark.pop("cause", None)
+            if cause is not None:
+                event["args"]["cause"] = cause
+            event.update(mark)
+        events.append(event)
+    trace = {"traceEvents": events, "otherData": {"clock_ghz": clock_ghz, "source": "kbwork"}}
     if path is not None:
         atomic.write_text(path, json.dumps(trace, separators=(",", ":")))
     return trace

@@ -15,7 +15,7 @@ import pandas as pd
 from matplotlib.collections import PolyCollection
 from matplotlib.patches import Patch
 
-from .oplog import ENGINE_NAMES, STAGE_NAMES
+from .oplog import STAGE_NAMES, engine_tracks
 
 #: One colour per stage kind (colour-blind friendly, Okabe-Ito based).
 STAGE_COLORS = {
@@ -47,7 +47,7 @@ def tile_window(op_log: pd.DataFrame, tiles: Iterable[int]) -> tuple[int, int]:
 def gantt(op_log: pd.DataFrame, ax: plt.Axes | None = None, window: tuple[int, int] | None = None, *,
           highlight: dict | None = None, clock_ghz: float | None = 1.25, title: str | None = None,
           legend: bool = True) -> plt.Axes:
-    """Draw a Gantt chart: one row per engine, one colour per stage kind.
+    """Draw a Gantt chart: one row per engine unit (each DMA channel its own), one colour per stage kind.
 
     Args:
         op_log: an op_log DataFrame.
@@ -64,13 +64,14 @@ def gantt(op_log: pd.DataFrame, ax: plt.Axes | None = None, window: tuple[int, i
     """
     if ax is None:
         _, ax = plt.subplots(figsize=(12, 3.2))
+    tracks = engine_tracks(op_log["engine"])
     df = op_log
     if window is not None:
         lo, hi = window
         df = df[(df["end"] > lo) & (df["start"] < hi)]
     start = df["start"].to_numpy(np.float64)
     end = df["end"].to_numpy(np.float64)
-    row = pd.Categorical(df["engine"], categories=ENGINE_NAMES).codes
+    row = pd.Categorical(df["engine"], categories=tracks).codes
     face = _PALETTE[pd.Categorical(df["stage"], categories=STAGE_NAMES).codes]
     edge = np.zeros_like(face)
     if highlight:
@@ -89,13 +90,13 @@ def gantt(op_log: pd.DataFrame, ax: plt.Axes | None = None, window: tuple[int, i
     verts[:, 2, 0] = verts[:, 3, 0] = end
     verts[:, 0, 1] = verts[:, 3, 1] = row - h
     verts[:, 1, 1] = verts[:, 2, 1] = row + h
-    for r in range(len(ENGINE_NAMES)):  # one collection per engine
+    for r in range(len(tracks)):  # one collection per engine unit
         m = row == r
         if m.any():
             ax.add_collection(PolyCollection(verts[m], facecolors=face[m], edgecolors=edge[m], linewidths=width))
-    ax.set_yticks(range(len(ENGINE_NAMES)))
-    ax.set_yticklabels(ENGINE_NAMES)
-    ax.set_ylim(len(ENGINE_NAMES) - 0.5, -0.5)
+    ax.set_yticks(range(len(tracks)))
+    ax.set_yticklabels(tracks)
+    ax.set_ylim(len(tracks) - 0.5, -0.5)
     if window is not None:
         ax.set_xlim(*window)
     elif len(df):

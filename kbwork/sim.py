@@ -20,7 +20,7 @@ from .oplog import build_op_log, to_csv, to_perfetto
 from .pe.engines import DataExecutor
 from .pe.scheduler import Program, schedule
 from .pe.tiling import StagingRing
-from .pe.timeline import simulate
+from .pe.timeline import CAUSES, Bindings, Timeline, simulate
 from .triton_emu.tl_context import TLContext
 
 MODES = ("data", "timing")
@@ -162,14 +162,14 @@ class Simulator:
         if data:
             executor = DataExecutor(self.memory)
             with executor.quiet():
-                start, end = simulate(prog, executor.apply)
+                timeline = simulate(prog, executor.apply)
         else:
-            start, end = simulate(prog)
+            timeline = simulate(prog)
         t3 = perf_counter()
         writes = _merge([(lo, hi) for ranges in prog.writes for is_tcm, lo, hi in ranges if not is_tcm])
         self._hbm_writes.append(writes)
         snapshot = tuple((lo, hi, self.memory.hbm.buf[lo:hi].copy()) for lo, hi in writes) if data else ()
-        run = Run(self, prog, start, end, dict(self._hbm), tl.names, tcm, len(self._hbm_writes) - 1, snapshot)
+        run = Run(self, prog, timeline, dict(self._hbm), tl.names, tcm, len(self._hbm_writes) - 1, snapshot)
         run.timings = {"emit": t1 - t0, "schedule": t2 - t1, "simulate": t3 - t2}
         return run
 
@@ -232,26 +232,29 @@ class Run:
         op_log: one row per executed stage (built on first access).
         cycles: end-to-end cycles (the last stage's end).
         program: the scheduled :class:`Program` (commands and stage table).
+        timeline: what the event loop recorded (``pe.timeline.Timeline``: start,
+            end and ready of every stage, its unit, the hazard holds).
     """
 
-    def __init__(self, sim: Simulator, prog: Program, start: list[int], end: list[int],
-                 hbm_names: dict[str, Handle], tcm_names: dict[str, list[Handle]], tcm: Any, index: int = 0,
-                 snapshot: tuple = ()):
+    def __init__(self, sim: Simulator, prog: Program, timeline: Timeline, hbm_names: dict[str, Handle],
+                 tcm_names: dict[str, list[Handle]], tcm: Any, index: int = 0, snapshot: tuple = ()):
         self.sim = sim
         self.topology = sim.topo
         self.mode = sim.mode
         self.program = prog
-        # as arrays: the op_log wants them so, and a million-entry list would be walked by the
-        # garbage collector once the run re-enables it
-        self._start = np.array(start, dtype=np.int64)
-        self._end = np.array(end, dtype=np.int64)
+        # what the timeline recorded, as arrays (a million-entry list would be walked by the garbage
+        # collector once the run re-enables it)
+        self.timeline = timeline
+        self._start = timeline.start
+        self._end = timeline.end
         self._hbm_names = hbm_names
         self._tcm_names = tcm_names
         self._tcm = tcm
         self._index = index
         self._snapshot = snapshot
         self._op_log: pd.DataFrame | None = None
-        self.cycles = int(self._end.max()) if len(end) else 0
+        self._bindings: Bindings | None = None
+        self.cycles = int(self._end.max()) if len(self._end) else 0
         #: wall-clock seconds of each phase (emit, schedule, simulate, op_log), for benchmarks
         self.timings: dict[str, float] = {}
 
@@ -272,7 +275,7 @@ class Run:
         if self._op_log is None:
             t0 = perf_counter()
             with gc_paused():
-                self._op_log = build_op_log(self.program, self._start, self._end)
+                self._op_log = build_op_log(self.program, self.timeline)
             self.timings["op_log"] = perf_counter() - t0
         return self._op_log
 
@@ -328,5 +331,48 @@ class Run:
         return to_csv(self.op_log, path)
 
     def to_perfetto(self, path: str | Path | None = None) -> dict:
-        """The Chrome-trace/Perfetto JSON of the op_log (written to ``path`` if given)."""
-        return to_perfetto(self.op_log, path, self.topology.clock_ghz)
+        """The Chrome-trace/Perfetto JSON of the op_log, the critical path drawn as flow events
+        (written to ``path`` if given)."""
+        return to_perfetto(self.op_log, path, self.topology.clock_ghz, critical_path=self.critical_path())
+
+    @property
+    def bindings(self) -> Bindings:
+        """What bound each stage's start (``pe.timeline.Bindings``): ``run.bindings(seq)`` is
+        ``(cause code, stage)``, the code an index into ``pe.timeline.CAUSES``."""
+        if self._bindings is None:
+            self._bindings = Bindings(self.program, self.timeline)
+        return self._bindings
+
+    def critical_path(self) -> pd.DataFrame:
+        """The chain of stages that sets the end-to-end time (DESIGN §11).
+
+        From cycle 0 to ``cycles``: each row starts where the previous one
+        ends. It ends at the lowest-seq stage among those ending at
+        ``cycles`` and walks back through what bound each start; ties follow
+        the fixed order of ``pe.timeline`` (hazard, scheduler, wait, queue,
+        dependency, order; then the lowest seq).
+
+        Returns:
+            The path's op_log rows (a fresh index) plus ``cause``, a
+            categorical of ``pe.timeline.CAUSES``: what bound the row's start,
+            the link from the previous row (``dependency`` for the first row).
+        """
+        seqs, causes = self.bindings.critical_path()
+        path = self.op_log.iloc[seqs].reset_index(drop=True)
+        path["cause"] = pd.Categorical.from_codes(np.asarray(causes, np.int8), categories=list(CAUSES))
+        return path
+
+    def holds(self) -> pd.DataFrame:
+        """One row per command a hazard held after its PLAN (DESIGN §5, §11).
+
+        Returns:
+            Columns ``cmd``, ``label``, ``plan_end`` (its PLAN's end) and
+            ``release`` (the cycle the hold cleared), in command order. Under
+            strict FIFO a hold clears when every earlier command has
+            completed; under rw_aware when every command it conflicts with has.
+        """
+        tl, prog = self.timeline, self.program
+        held = tl.held
+        plan_end = self._end[np.asarray(prog.plan_seq, np.int64)[held]] if len(held) else np.zeros(0, np.int64)
+        return pd.DataFrame({"cmd": held.astype(np.int64), "label": [prog.labels[c] for c in held.tolist()],
+                             "plan_end": plan_end, "release": tl.release.astype(np.int64)})

@@ -8,6 +8,7 @@ import kbwork
 from kbwork import decode
 from kbwork.bench.references import heap_floor, numpy_attention, resolved_graph, simpy_replay
 from kbwork.kernels.gemm import BENCHES
+from test_core_timeline import build_and_run, make_program  # rootdir-relative: tests/ is on sys.path
 
 simpy = pytest.importorskip("simpy")
 
@@ -20,6 +21,14 @@ def _programs():
                                                    cmd_queue_depth=2, fixed_cycles=0).run.program
     for name, fn in BENCHES.items():
         yield name, fn(kbwork.Simulator(mode="timing")).run.program
+    # two DMA channels: SimPy serves them as one resource of capacity 2, and must still agree stage by stage
+    for pol in ("strict_fifo", "rw_aware"):
+        for variant in ("opt2", "opt3"):
+            yield f"{variant}-{pol}-2ch", decode.run(variant, kv_len=640, mode="timing", hazard_policy=pol,
+                                                     dma_channels=2).run.program
+        for seed in (1, 6):
+            run, _ = build_and_run(make_program(seed, 14), seed, mode="timing", hazard_policy=pol, dma_channels=2)
+            yield f"random{seed}-{pol}-2ch", run.program
 
 
 def _waiting_program():
@@ -43,6 +52,7 @@ def _waiting_program():
                          ids=lambda x: x if isinstance(x, str) else "")
 def test_simpy_replay_matches_kbwork_stage_by_stage(name, prog):
     g = resolved_graph(prog)
+    assert g.capacity == [1, 1, prog.topo.dma_channels, 1, 1]
     start, end = simpy_replay(g)
     mism = [s for s in range(len(g)) if (start[s], end[s]) != (g.start[s], g.end[s])]
     assert not mism, f"{name}: {len(mism)} stages differ, first {prog.table.describe(mism[0])}: " \

@@ -34,7 +34,7 @@ def _log_without_templates(run) -> str:
     p = run.program
     prog = schedule(p.commands, p.topo, waits=[(b, t) for b, ws in enumerate(p.waits) for t in ws],
                     templates=False)
-    return to_csv(build_op_log(prog, *simulate(prog)))
+    return to_csv(build_op_log(prog, simulate(prog)))
 
 
 def _stamped(run) -> int:

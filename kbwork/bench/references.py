@@ -23,18 +23,21 @@ from heapq import heappop, heappush
 import numpy as np
 
 from ..pe.scheduler import Program
+from ..pe.stages import engine_table
 from ..pe.timeline import simulate
 
 
 @dataclass
 class ResolvedGraph:
-    """Stages (engine, duration) and their complete dependency lists, plus kbwork's times."""
+    """Stages (engine, duration) and their complete dependency lists, each engine's capacity
+    (its number of units, from the topology's engine table), plus kbwork's times."""
 
     engine: list[int]
     dur: list[int]
     deps: list[list[int]]
     start: list[int]
     end: list[int]
+    capacity: list[int]
 
     def __len__(self) -> int:
         return len(self.dur)
@@ -47,25 +50,28 @@ def resolved_graph(prog: Program) -> ResolvedGraph:
     """Simulate ``prog`` (timing) recording dynamic edges; return the full graph and kbwork's times."""
     n = len(prog.table)
     dyn: list[list[int]] = [[] for _ in range(n)]
-    start, end = simulate(prog, None, dyn)
+    tl = simulate(prog, None, dyn)
     deps = [sorted(set(p).union(d)) for p, d in zip(prog.table.preds, dyn)]
-    return ResolvedGraph(list(prog.table.engine), list(prog.table.dur), deps, start, end)
+    return ResolvedGraph(list(prog.table.engine), list(prog.table.dur), deps, tl.start.tolist(), tl.end.tolist(),
+                         [spec.capacity for spec in engine_table(prog.topo)])
 
 
 def simpy_replay(g: ResolvedGraph) -> tuple[list[int], list[int]]:
     """Run the resolved graph in SimPy; return (start, end) per stage.
 
     Engine arbitration matches kbwork's rule — at each instant, after every
-    stage ending then has been retired, a free engine starts the ready stage
-    with the lowest seq — by ordering same-instant events: readiness first
-    (SimPy's own priorities), then requests in seq order, then releases.
+    stage ending then has been retired, each free unit of an engine starts the
+    ready stage with the lowest seq — by ordering same-instant events:
+    readiness first (SimPy's own priorities), then requests in seq order, then
+    releases. An engine is one ``PriorityResource`` with the graph's capacity
+    for it; SimPy does not say which of its units a stage got.
     """
     import simpy
 
     env = simpy.Environment()
     n = len(g)
     release_prio = n + 10
-    engines = [simpy.PriorityResource(env, capacity=1) for _ in range(max(g.engine) + 1)]
+    engines = [simpy.PriorityResource(env, capacity=cap) for cap in g.capacity]
     done = [env.event() for _ in range(n)]
     start = [-1] * n
     end = [-1] * n

@@ -8,7 +8,7 @@ stages and plain lists of ints are what Python iterates fastest.
 from __future__ import annotations
 
 import enum
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 
 class Engine(enum.IntEnum):
@@ -58,6 +58,32 @@ ENGINE_OF_KIND = {
     StageKind.DMA_WRITE: Engine.PE_DMA,
 }
 _ENGINE_INT = [int(ENGINE_OF_KIND[k]) for k in StageKind]
+
+
+class EngineSpec(NamedTuple):
+    """One row of the engine table: an engine and how many stages it runs at once (its units)."""
+
+    name: str
+    capacity: int
+
+
+def engine_table(topo) -> tuple[EngineSpec, ...]:
+    """The engine table of a topology, in :class:`Engine` order.
+
+    PE_DMA has ``topo.dma_channels`` channels; every other engine one unit.
+    The timeline walks this table and the SimPy reference builds its
+    resources from it, so a capacity is data, not code.
+    """
+    return tuple(EngineSpec(e.name, topo.dma_channels if e is Engine.PE_DMA else 1) for e in Engine)
+
+
+def unit_names(engines: Sequence[EngineSpec]) -> tuple[str, ...]:
+    """The op_log ``engine`` names of every unit, in track order.
+
+    An engine with one unit keeps its name (``PE_DMA``); one with n > 1
+    units names them ``PE_DMA0`` .. ``PE_DMA{n-1}``.
+    """
+    return tuple(name if cap == 1 else f"{name}{i}" for name, cap in engines for i in range(cap))
 
 
 _FIELDS = ("kind", "phase", "cmd", "op_kind", "tile", "k_tile", "tensor", "nbytes", "dur", "preds", "effects")
