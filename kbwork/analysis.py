@@ -22,7 +22,7 @@ import pandas as pd
 
 from .config import Topology, exact_fraction
 from .errors import ValidationError
-from .oplog import ENGINE_NAMES, engine_tracks
+from .oplog import ENGINE_NAMES, check_schema, engine_tracks
 from .pe.commands import Command, dispatch_cycles
 from .pe.timeline import CAUSES, simulate
 
@@ -34,7 +34,11 @@ def dispatch_per_tile(op_log: pd.DataFrame) -> pd.Series:
 
     Returns:
         A Series indexed by iter, named ``dispatch_cycles``.
+
+    Raises:
+        ValidationError: ``op_log`` is not an op_log.
     """
+    check_schema(op_log)
     d = op_log[(op_log["stage"] == "DISPATCH") & (op_log["iter"] >= 0)]
     s = (d["end"] - d["start"]).groupby(d["iter"]).sum()
     s.name = "dispatch_cycles"

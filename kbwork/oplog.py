@@ -9,7 +9,6 @@ export has one track per engine unit (each DMA channel its own) with times in
 
 from __future__ import annotations
 
-import functools
 import io
 import json
 import re
@@ -20,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from . import atomic
+from .errors import ValidationError
 from .pe.scheduler import Program
 from .pe.stages import Engine, Phase, StageKind, unit_names
 from .pe.timeline import Timeline
@@ -37,9 +37,7 @@ _PHASE_DTYPE = pd.CategoricalDtype(PHASE_NAMES)
 _CHANNEL = re.compile(r"^(.*?)(\d+)$")
 
 
-@functools.lru_cache(maxsize=256)
 def _dtype(categories: tuple[str, ...]) -> pd.CategoricalDtype:
-    # building a CategoricalDtype validates its categories (an Index): reuse it across runs
     return pd.CategoricalDtype(list(categories))
 
 
@@ -108,7 +106,7 @@ def engine_tracks(names: Sequence[str] | pd.Series) -> tuple[str, ...]:
             continue
         m = _CHANNEL.match(name)
         if m is None or m.group(1) not in ENGINE_NAMES:
-            raise ValueError(f"op_log engine {name!r} is not one of {', '.join(ENGINE_NAMES)} "
+            raise ValidationError(f"op_log engine {name!r} is not one of {', '.join(ENGINE_NAMES)} "
                              f"or a channel of one (PE_DMA0, PE_DMA1, ...).")
         channels[m.group(1)] = max(channels.get(m.group(1), 0), int(m.group(2)) + 1)
     return tuple(e if e not in channels else f"{e}{i}" for e in ENGINE_NAMES for i in range(channels.get(e, 1)))
@@ -133,12 +131,14 @@ def _frame(data: dict[str, object], n: int) -> pd.DataFrame:
 
 
 def check_schema(op_log: pd.DataFrame) -> None:
-    """Raise ``ValueError`` naming the problem if ``op_log`` does not have the op_log schema."""
+    """Raise a ``ValidationError`` naming the problem if ``op_log`` does not have the op_log schema."""
+    if not isinstance(op_log, pd.DataFrame):
+        raise ValidationError(f"expected an op_log DataFrame (Run.op_log), got {type(op_log).__name__}.")
     if tuple(op_log.columns) != COLUMNS:
-        raise ValueError(f"op_log columns are {list(op_log.columns)}; expected {list(COLUMNS)}.")
+        raise ValidationError(f"op_log columns are {list(op_log.columns)}; expected {list(COLUMNS)}.")
     for col in INT_COLUMNS:
         if not pd.api.types.is_integer_dtype(op_log[col]):
-            raise ValueError(f"op_log column {col!r} must be integer, is {op_log[col].dtype}.")
+            raise ValidationError(f"op_log column {col!r} must be integer, is {op_log[col].dtype}.")
 
 
 def to_csv(op_log: pd.DataFrame, path: str | Path | None = None) -> str:
@@ -157,9 +157,13 @@ def read_csv(path: str | Path) -> pd.DataFrame:
     ``engine``'s categories are the engines and the channels that appear, see :func:`engine_tracks`).
 
     Raises:
-        ValueError: the file does not have the op_log schema.
+        ValidationError: the file is not an op_log CSV (not CSV, or not the op_log's columns and types).
+        OSError: the file cannot be read.
     """
-    df = pd.read_csv(path, keep_default_na=False, dtype={c: "int64" for c in INT_COLUMNS})
+    try:
+        df = pd.read_csv(path, keep_default_na=False, dtype={c: "int64" for c in INT_COLUMNS})
+    except (ValueError, pd.errors.ParserError, UnicodeDecodeError) as exc:  # EmptyDataError is a ValueError
+        raise ValidationError(f"{str(path)!r} is not an op_log CSV: {exc}") from None
     check_schema(df)
     for col, dtype in (("stage", _STAGE_DTYPE), ("phase", _PHASE_DTYPE)):
         df[col] = pd.Categorical(df[col], dtype=dtype)
@@ -216,9 +220,12 @@ def to_perfetto(op_log: pd.DataFrame, path: str | Path | None = None, clock_ghz:
         The trace as a dict (also written to ``path`` if given).
 
     Raises:
-        ValueError: ``op_log`` does not have the op_log schema, or a critical-path seq is not in it.
+        ValidationError: ``op_log`` does not have the op_log schema, ``clock_ghz`` is not a positive
+            number, or a critical-path seq is not in the op_log.
     """
     check_schema(op_log)
+    if isinstance(clock_ghz, bool) or not isinstance(clock_ghz, (int, float)) or not 0 < clock_ghz < float("inf"):
+        raise ValidationError(f"to_perfetto: clock_ghz must be a positive number of GHz, got {clock_ghz!r}.")
     tracks = engine_tracks(op_log["engine"])
     events: list[dict] = [{"ph": "M", "name": "process_name", "pid": 1, "tid": 0,
                            "args": {"name": process_name}}]
@@ -238,7 +245,7 @@ def to_perfetto(op_log: pd.DataFrame, path: str | Path | None = None, clock_ghz:
         last = len(seqs) - 1
         for k, (q, cause) in enumerate(zip(seqs.tolist(), causes)):
             if q not in row_of:
-                raise ValueError(f"critical-path stage {q} is not in the op_log.")
+                raise ValidationError(f"critical-path stage {q} is not in the op_log.")
             mark: dict = {"bind_id": 1}
             if k < last:
                 mark["flow_out"] = True

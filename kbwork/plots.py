@@ -15,7 +15,8 @@ import pandas as pd
 from matplotlib.collections import PolyCollection
 from matplotlib.patches import Patch
 
-from .oplog import STAGE_NAMES, engine_tracks
+from .errors import ValidationError
+from .oplog import STAGE_NAMES, check_schema, engine_tracks
 
 #: One colour per stage kind (colour-blind friendly, Okabe-Ito based).
 STAGE_COLORS = {
@@ -35,12 +36,13 @@ def tile_window(op_log: pd.DataFrame, tiles: Iterable[int]) -> tuple[int, int]:
     """The cycle window ``(start, end)`` spanning every stage of the commands labelled with ``tiles``.
 
     Raises:
-        ValueError: none of the tiles appear in the op_log.
+        ValidationError: none of the tiles appear in the op_log.
     """
+    check_schema(op_log)
     sel = op_log[op_log["iter"].isin(list(tiles))]
     if sel.empty:
-        raise ValueError(f"no stages with iter in {list(tiles)}; the op_log has iters "
-                         f"{sorted(op_log['iter'].unique())[:10]}...")
+        raise ValidationError(f"no stages with iter in {list(tiles)}; the op_log has iters "
+                              f"{sorted(op_log['iter'].unique())[:10]}...")
     return int(sel["start"].min()), int(sel["end"].max())
 
 
@@ -149,7 +151,7 @@ def dispatch_per_tile(op_log_opt2: pd.DataFrame, op_log_opt3: pd.DataFrame, tile
     for row, (name, df) in enumerate((("opt2", op_log_opt2), ("opt3", op_log_opt3))):
         d = df[(df["stage"] == "DISPATCH") & (df["iter"] == tile)].sort_values("cmd")
         if d.empty:
-            raise ValueError(f"{name}: no DISPATCH stages with iter {tile}")
+            raise ValidationError(f"{name}: no DISPATCH stages with iter {tile}")
         names.append(f"{name} ({len(d)} cmds)")
         left = 0
         for lab, cyc in zip(d["label"], d["end"] - d["start"]):

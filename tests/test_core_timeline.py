@@ -146,14 +146,15 @@ def check_plan_rules(run) -> None:
 
 
 def _footprint(cmd):
-    """Byte ranges read and written (DESIGN §5: rw_handles and outs are writes; scratch does not count)."""
+    """Byte ranges read and written (DESIGN §5: every range the ops touch counts; rw_handles, outs and
+    recipe scratch are writes)."""
     key = lambda h: (str(h.space), h.addr, h.addr + h.nbytes)  # noqa: E731
     if isinstance(cmd, DmaCmd):
         return [key(cmd.src)], [key(cmd.dst)]
-    scratch = {key(h) for h in cmd.scratch}
     reads = [key(h) for op in cmd.ops for h in op.operands.values()]
-    writes = [key(op.out) for op in cmd.ops if op.out is not None] + [key(h) for h in cmd.rw_handles]
-    return [r for r in reads if r not in scratch], [w for w in writes if w not in scratch]
+    writes = ([key(op.out) for op in cmd.ops if op.out is not None] + [key(h) for h in cmd.rw_handles]
+              + [key(h) for h in cmd.scratch])
+    return reads, writes
 
 
 def _overlap(xs, ys) -> bool:
