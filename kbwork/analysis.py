@@ -77,11 +77,22 @@ def closed_form(command_bytes: Iterable[int], fixed: int, r: float | Fraction, c
 def closed_form_per_tile(commands: Sequence[Command], topo: Topology) -> pd.Series:
     """The closed-form per-tile dispatch of a program's commands under ``topo``'s calibration:
     ``Σ FIXED·segments + ceil(R·bytes)`` over each tile's commands, from their logical bytes."""
-    fixed, r, cap = topo.fixed_cycles, topo.r_fraction, topo.max_composite_logical_bytes
-    cost = {b: dispatch_cycles(b, fixed, r, cap) for b in {c.logical_bytes for c in commands}}
-    cycles = np.fromiter((cost[c.logical_bytes] for c in commands), dtype=np.int64, count=len(commands))
+    lb = np.fromiter((c.logical_bytes for c in commands), dtype=np.int64, count=len(commands))
     iters = np.fromiter((c.iter for c in commands), dtype=np.int64, count=len(commands))
-    return _sum_by_iter(cycles, iters, "closed_form_cycles")
+    return _closed_form_by_iter(lb, iters, topo)
+
+
+def closed_form_per_tile_from_program(prog, topo: Topology) -> pd.Series:
+    """:func:`closed_form_per_tile` from a program's ``logical_bytes`` and ``iters`` (a scheduled
+    ``Program``, or the periodic program of a steady-state run), without its command objects."""
+    return _closed_form_by_iter(np.asarray(prog.logical_bytes, np.int64), np.asarray(prog.iters, np.int64), topo)
+
+
+def _closed_form_by_iter(lb: np.ndarray, iters: np.ndarray, topo: Topology) -> pd.Series:
+    fixed, r, cap = topo.fixed_cycles, topo.r_fraction, topo.max_composite_logical_bytes
+    sizes, where = np.unique(lb, return_inverse=True)
+    cost = np.array([dispatch_cycles(int(b), fixed, r, cap) for b in sizes], dtype=np.int64)
+    return _sum_by_iter(cost[where] if len(lb) else lb, iters, "closed_form_cycles")
 
 
 def gate(opt3_cycles: float, opt2_cycles: float, factor: float = GATE_FACTOR) -> bool:
@@ -344,14 +355,19 @@ def what_if(run_or_params: Any, engine: str | Sequence[str] | None = None, speed
                     and name.rstrip("0123456789") in ENGINE_NAMES else "")
             raise ValidationError(f"what_if: unknown engine {name!r}{hint}; use one of {', '.join(ENGINE_NAMES)}.")
     factor = exact_fraction(speedup)
-    prog = run.program
-    base_dur = prog.table.dur
-    eng = prog.table.engine
     rows = []
     for name in names:
         e = ENGINE_NAMES.index(name)
-        dur = [-(-d * factor.denominator // factor.numerator) if k == e else d for d, k in zip(base_dur, eng)]
-        cycles = int(simulate(prog, dur=dur).end.max()) if len(dur) else 0
+
+        def scaled(prog, e=e) -> list[int]:
+            return [-(-d * factor.denominator // factor.numerator) if k == e else d
+                    for d, k in zip(prog.table.dur, prog.table.engine)]
+
+        if hasattr(run, "with_durations"):  # a steady-state run: re-simulate the short program the same way
+            cycles = run.with_durations(scaled).cycles
+        else:
+            dur = scaled(run.program)
+            cycles = int(simulate(run.program, dur=dur).end.max()) if len(dur) else 0
         base = run.cycles
         rows.append({"engine": name, "speedup": float(speedup), "baseline_cycles": base, "cycles": cycles,
                      "change_cycles": cycles - base, "change": (cycles - base) / base if base else 0.0,

@@ -41,8 +41,11 @@ def _dtype(categories: tuple[str, ...]) -> pd.CategoricalDtype:
     return pd.CategoricalDtype(list(categories))
 
 
-def _categorical(values: Sequence[str]) -> pd.Categorical:
-    """A categorical with sorted categories (the same categories ``read_csv`` rebuilds)."""
+def _categorical(values: Sequence[str] | pd.Categorical) -> pd.Categorical:
+    """A categorical with sorted categories (the same categories ``read_csv`` rebuilds); one already
+    built that way (a steady-state run's columns) is taken as it is."""
+    if isinstance(values, pd.Categorical):
+        return values
     cats = tuple(sorted(set(values)))
     index = {c: i for i, c in enumerate(cats)}
     codes = np.fromiter(map(index.__getitem__, values), dtype=np.int32, count=len(values))

@@ -143,13 +143,30 @@ class Simulator:
         """
         if not callable(kernel):
             raise ValidationError(f"Simulator.run expects a kernel function def k(tl, ...), got {kernel!r}.")
+        return self._launch(kernel, args, kwargs)
+
+    def _launch(self, kernel, args, kwargs, snapshots: dict | None = None,
+                durations: Callable[[Program], list[int]] | None = None) -> "Run":
+        """:meth:`run`; ``snapshots`` (command id -> None) is filled with the event loop's state at those
+        commands' DISPATCH (``pe.timeline.Snapshot``, timing mode; the steady-state proof reads them);
+        ``durations(program)``, if given, replaces every stage's duration (``analysis.what_if``)."""
         tcm = self.memory.new_tcm()
         ring_bytes = StagingRing.bytes_for(self.topo)
         staging = tcm.alloc("<staging buffers>", (ring_bytes // 4,), "fp32")
         with gc_paused():
-            return self._run(kernel, staging, tcm, args, kwargs)
+            return self._run(kernel, staging, tcm, args, kwargs, snapshots, durations)
 
-    def _run(self, kernel, staging, tcm, args, kwargs) -> "Run":
+    def _program(self, kernel, args, kwargs) -> Program:
+        """Emit and schedule ``kernel`` (timing, no simulation): the static program a run would simulate."""
+        tcm = self.memory.new_tcm()
+        staging = tcm.alloc("<staging buffers>", (StagingRing.bytes_for(self.topo) // 4,), "fp32")
+        with gc_paused():
+            tl = TLContext(self.topo, self.memory)
+            kernel(tl, *args, **kwargs)
+            return schedule(tl.commands, self.topo, waits=tl.waits, staging_base=staging.addr)
+
+    def _run(self, kernel, staging, tcm, args, kwargs, snapshots: dict | None = None,
+             durations: Callable[[Program], list[int]] | None = None) -> "Run":
         t0 = perf_counter()
         tl = TLContext(self.topo, self.memory)
         kernel(tl, *args, **kwargs)
@@ -164,7 +181,8 @@ class Simulator:
             with executor.quiet():
                 timeline = simulate(prog, executor.apply)
         else:
-            timeline = simulate(prog)
+            timeline = simulate(prog, dur=None if durations is None else durations(prog), snapshots=snapshots,
+                                window=prog.edge_reach() if snapshots is not None else 0)
         t3 = perf_counter()
         writes = _merge([(lo, hi) for ranges in prog.writes for is_tcm, lo, hi in ranges if not is_tcm])
         self._hbm_writes.append(writes)
@@ -255,6 +273,8 @@ class Run:
         self._op_log: pd.DataFrame | None = None
         self._bindings: Bindings | None = None
         self.cycles = int(self._end.max()) if len(self._end) else 0
+        #: for a decode run in timing mode, how it was computed (``steady.SteadyState``); else None
+        self.steady_state = None
         #: wall-clock seconds of each phase (emit, schedule, simulate, op_log), for benchmarks
         self.timings: dict[str, float] = {}
 

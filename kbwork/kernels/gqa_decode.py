@@ -107,6 +107,22 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
 DEFAULT_VARIANTS = ("opt2", "opt3")
 
 
+#: Commands before the loop: tl.load(q), the three fills, qk(0).
+PROLOGUE_COMMANDS = 5
+
+
+def loop_layout(variant: str, n_tiles: int) -> tuple[list[int], int]:
+    """Where each loop iteration starts in the program :func:`gqa_decode` emits.
+
+    Returns:
+        ``(boundaries, tail)``: the command id of the first command of every
+        iteration j < n_tiles - 1 (its ``qk(j+1)``), and that of the last
+        iteration, which has no next tile and starts the irregular tail.
+    """
+    c = VARIANTS[variant].commands_per_tile
+    return [PROLOGUE_COMMANDS + j * c for j in range(n_tiles - 1)], PROLOGUE_COMMANDS + (n_tiles - 1) * c
+
+
 def gqa_decode(tl: TLContext, q: Handle, k: Handle, v: Handle, out: Handle, *, variant: str, tile: int) -> None:
     """Emit the decode kernel. ``out`` (G, d) fp32 in HBM receives softmax(scale·QKᵀ)·V.
 

@@ -82,9 +82,21 @@ class Program:
     waits: list[tuple[int, ...]] = field(default_factory=list)
     labels: list[str] = field(default_factory=list)
     iters: list[int] = field(default_factory=list)
+    logical_bytes: list[int] = field(default_factory=list)
 
     def __repr__(self) -> str:
         return f"Program({len(self.commands)} commands, {len(self.table)} stages, {self.topo.name})"
+
+    def edge_reach(self) -> int:
+        """How many commands ahead a static edge reaches: the largest ``cmd(s) - cmd(p)`` over every plan
+        stage ``s`` and its dependency ``p`` (staging-ring edges reach back to earlier commands)."""
+        cmd, preds, kind = self.table.cmd, self.table.preds, self.table.kind
+        plan = int(StageKind.PLAN)
+        reach = 0
+        for s, ps in enumerate(preds):
+            if kind[s] > plan and ps:
+                reach = max(reach, cmd[s] - min(cmd[q] for q in ps))
+        return reach
 
 
 def schedule(commands: Sequence[Command], topo: Topology, *, waits: Sequence[tuple[int, int]] = (),
@@ -173,5 +185,6 @@ def schedule(commands: Sequence[Command], topo: Topology, *, waits: Sequence[tup
     prog.waits = [tuple(sorted(wait_map[i])) if i in wait_map else () for i in range(len(commands))]
     prog.labels = [c.label for c in commands]
     prog.iters = [c.iter for c in commands]
+    prog.logical_bytes = [c.logical_bytes for c in commands]
     table.seal()  # the program is complete: columns from here on, and the row tuples go
     return prog

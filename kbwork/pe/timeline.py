@@ -166,8 +166,73 @@ def _ints(values: Sequence[int]) -> np.ndarray:
     return np.fromiter(values, dtype=np.int64, count=len(values))
 
 
+class Snapshot(NamedTuple):
+    """The event loop's whole dynamic state at one instant: after every stage ending then has retired,
+    before the DISPATCH of command ``cmd`` (seq ``seq``) starts at cycle ``t``.
+
+    Everything the loop reads to decide what happens next is here (its comment block lists the
+    variables): running stages with their ends and units, each engine's ready queue, the unmet
+    dependencies of every stage not yet started in commands ``first_incomplete`` up to the
+    snapshot's window, the commands in flight and their stages left, which have completed, the
+    dispatch and plan counters, and the hazard holds. Records the loop keeps for the analysis
+    (``ready``, holds already released) are not state: they never decide anything.
+    """
+
+    t: int
+    cmd: int
+    seq: int
+    events: tuple[tuple[int, int, int], ...]       # (end, seq, unit) of every running stage, sorted
+    ready: tuple[tuple[int, ...], ...]             # per engine, the queued seqs, sorted
+    remaining: tuple[tuple[int, int], ...]         # (seq, unmet dependencies) of stages not started
+    cmd_left: tuple[tuple[int, int], ...]          # (cmd, stages left) of the commands in flight
+    completed: tuple[int, ...]                     # commands >= first_incomplete already complete
+    first_incomplete: int
+    next_dispatch: int
+    dispatched_end: int
+    next_plan: int
+    in_flight: int
+    held_strict: int
+    held_count: tuple[tuple[int, int], ...]
+    waiters: tuple[tuple[int, tuple[int, ...]], ...]
+
+    def shifted(self, dt: int, dseq: int, dcmd: int) -> "Snapshot":
+        """This state as it would read ``dt`` cycles, ``dseq`` stages and ``dcmd`` commands later."""
+        def c(x: int) -> int:
+            return x + dcmd if x >= 0 else x
+        return Snapshot(
+            self.t + dt, self.cmd + dcmd, self.seq + dseq,
+            tuple((e + dt, q + dseq, u) for e, q, u in self.events),
+            tuple(tuple(q + dseq for q in rq) for rq in self.ready),
+            tuple((q + dseq, r) for q, r in self.remaining),
+            tuple((c(x), left) for x, left in self.cmd_left),
+            tuple(c(x) for x in self.completed),
+            c(self.first_incomplete), c(self.next_dispatch), c(self.dispatched_end), c(self.next_plan),
+            self.in_flight, c(self.held_strict),
+            tuple((c(x), k) for x, k in self.held_count),
+            tuple((c(x), tuple(c(h) for h in hs)) for x, hs in self.waiters))
+
+
+def _snapshot(t, c, s, events, ready_q, remaining, start, plan_first, plan_end, window_end, cmd_left, active,
+              completed, first_incomplete, next_dispatch, dispatched_end, next_plan, in_flight, held_strict,
+              held_count, waiters, unit) -> Snapshot:
+    """Copy the loop's state into a :class:`Snapshot` (a function, so the loop's locals stay plain locals)."""
+    rem = []
+    lo = plan_first[first_incomplete] if first_incomplete < len(plan_first) else len(start)
+    hi = plan_end[window_end - 1] if window_end > 0 else lo
+    for q in range(lo, hi):
+        if start[q] < 0:
+            rem.append((q, remaining[q]))
+    return Snapshot(
+        t, c, s, tuple(sorted((e, q, unit[q]) for e, q in events)), tuple(tuple(sorted(rq)) for rq in ready_q),
+        tuple(rem), tuple((x, cmd_left[x]) for x in active),
+        tuple(x for x in range(first_incomplete, next_dispatch) if completed[x]),
+        first_incomplete, next_dispatch, dispatched_end, next_plan, in_flight, held_strict,
+        tuple(sorted(held_count.items())), tuple((x, tuple(hs)) for x, hs in sorted(waiters.items())))
+
+
 def simulate(prog: Program, apply: Callable[[object], None] | None = None,
-             edges: list[list[int]] | None = None, *, dur: Sequence[int] | None = None) -> Timeline:
+             edges: list[list[int]] | None = None, *, dur: Sequence[int] | None = None,
+             snapshots: dict[int, "Snapshot | None"] | None = None, window: int = 0) -> Timeline:
     """Run the program's timeline.
 
     Args:
@@ -182,6 +247,12 @@ def simulate(prog: Program, apply: Callable[[object], None] | None = None,
             to replay the timeline in an independent simulator).
         dur: every stage's duration in cycles, instead of the stage table's
             (``analysis.what_if`` scales one engine's).
+        snapshots: command id -> None; each entry is filled with the loop's
+            whole dynamic state (:class:`Snapshot`) at the instant that
+            command's DISPATCH starts, before it starts (the steady-state proof
+            compares two of them). ``window``: how many commands past the next
+            one to dispatch the snapshot's ``remaining`` counts cover (static
+            edges reach that far ahead).
 
     Returns:
         The :class:`Timeline`: start, end and ready of every stage, the unit
@@ -260,6 +331,7 @@ def simulate(prog: Program, apply: Callable[[object], None] | None = None,
             walk_many.append((ready_q[e], units_of[e]))
 
     cmd_left = [e - f for f, e in zip(prog.plan_first, prog.plan_end)]
+    plan_first_of, plan_end_of = prog.plan_first, prog.plan_end
     completed = [False] * ncmd
     first_incomplete = 0
     active: list[int] = []
@@ -355,6 +427,11 @@ def simulate(prog: Program, apply: Callable[[object], None] | None = None,
             wc = waits[c]
             if not wc or all(completed[w] for w in wc):
                 s = dispatch_seq[c]
+                if snapshots is not None and c in snapshots:
+                    snapshots[c] = _snapshot(t, c, s, events, ready_q, remaining, start, plan_first_of, plan_end_of,
+                                             min(ncmd, next_dispatch + 1 + window), cmd_left, active, completed,
+                                             first_incomplete, next_dispatch, dispatched_end, next_plan, in_flight,
+                                             held_strict, held_count, waiters, unit)
                 if wc:
                     when = 0
                     for w in wc:  # a loop, not a comprehension: that would make ``end`` a closure cell
@@ -476,6 +553,9 @@ class Bindings:
         self._held_index = {int(c): i for i, c in enumerate(tl.held)}
         self._by_unit: tuple[np.ndarray, np.ndarray] | None = None
         self._path: tuple[list[int], list[int]] | None = None
+        #: ``(dseq, lo, hi)`` when stages lo..hi-1 repeat every dseq stages (a steady-state run): the
+        #: critical path then repeats too, and the walk copies whole periods of it instead of stepping
+        self.period: tuple[int, int, int] | None = None
         # commands by (completion cycle, id): the lowest-numbered command completing at a cycle
         self._by_done = np.lexsort((np.arange(len(tl.done)), tl.done))
         self._done_sorted = tl.done[self._by_done]
@@ -586,13 +666,24 @@ class Bindings:
         if not len(tl.end):
             return [], []
         s = int(np.flatnonzero(tl.end == tl.end.max())[0])
-        seqs, causes = [], []
+        seqs: list[int] = []
+        causes: list[int] = []
         start, end = tl.start, tl.end
+        period = self.period
+        seen: dict[int, int] = {}  # stage -> its index in seqs, inside the repeating stretch
         for _ in range(len(end)):
             seqs.append(s)
             if start[s] == 0:
                 causes.append(DEPENDENCY)
                 break
+            if period is not None and period[1] <= s < period[2]:
+                dseq, lo, _ = period
+                j = seen.get(s + dseq)
+                if j is None:
+                    seen[s] = len(seqs) - 1
+                else:  # the path came down one whole period: copy as many more as fit
+                    s = self._repeat(seqs, causes, j, dseq, lo)
+                    period = None
             cause, p = self(s)
             if p < 0 or end[p] != start[s]:
                 raise SimulationError(f"the critical path breaks at {self.prog.table.describe(s)}: "
@@ -600,3 +691,33 @@ class Bindings:
             causes.append(cause)
             s = p
         return seqs[::-1], causes[::-1]
+
+    def _repeat(self, seqs: list[int], causes: list[int], j: int, dseq: int, lo: int) -> int:
+        """Extend a backward path whose last stage is ``seqs[j]`` one period down by whole periods.
+
+        ``seqs[j+1:]`` (its last stage ``seqs[j] - dseq``) is one period of the
+        path; what binds a stage binds its copy a period earlier, so the path
+        goes on as copies of it, each ``dseq`` lower, while they stay at or
+        above ``lo``. The first and last copies are checked stage by stage.
+        Returns the path's last stage (its incoming link not yet appended).
+        """
+        block = np.asarray(seqs[j + 1:], np.int64)
+        block_causes = causes[j + 1:] + [causes[j]]  # the period's links; the last one is seqs[j]'s
+        reps = int((block.min() - lo) // dseq)
+        if reps <= 0:
+            return seqs[-1]
+        copies = [block - r * dseq for r in range(1, reps + 1)]
+        links = block_causes[-1:] + block_causes[:-1]  # the cause of each stage a copy's stages follow
+        for r in sorted({0, reps - 1}):  # the copies keep following the bindings (the ends of the stretch)
+            stages = np.concatenate([[block[-1] if r == 0 else copies[r - 1][-1]], copies[r]])
+            for x, nxt, cause in zip(stages[:-1].tolist(), stages[1:].tolist(), links):
+                got = self(x)
+                if got != (cause, nxt):
+                    raise SimulationError(f"the critical path does not repeat with the schedule at "
+                                          f"{self.prog.table.describe(x)}.")
+        causes.append(causes[j])  # the link into seqs[-1], as into seqs[j]
+        for copy in copies:
+            seqs.extend(copy.tolist())
+            causes.extend(block_causes)
+        causes.pop()  # the last copy's last stage: its link is computed by the caller
+        return seqs[-1]
