@@ -50,8 +50,9 @@ def _sum_by_iter(values: np.ndarray, iters: np.ndarray, name: str) -> pd.Series:
     it, vals = iters[keep], values[keep]
     if not len(it):
         return pd.Series([], dtype="int64", name=name, index=pd.Index([], name="iter"))
-    sums = np.bincount(it, weights=vals, minlength=int(it.max()) + 1).astype(np.int64)
-    present = np.unique(it)
+    n = int(it.max()) + 1
+    sums = np.bincount(it, weights=vals, minlength=n).astype(np.int64)
+    present = np.flatnonzero(np.bincount(it, minlength=n))  # the iters that occur, without sorting
     return pd.Series(sums[present], index=pd.Index(present, name="iter"), name=name)
 
 
@@ -90,9 +91,9 @@ def closed_form_per_tile_from_program(prog, topo: Topology) -> pd.Series:
 
 def _closed_form_by_iter(lb: np.ndarray, iters: np.ndarray, topo: Topology) -> pd.Series:
     fixed, r, cap = topo.fixed_cycles, topo.r_fraction, topo.max_composite_logical_bytes
-    sizes, where = np.unique(lb, return_inverse=True)
+    sizes = np.unique(lb)  # a handful of command sizes: cost each once, then look every command up
     cost = np.array([dispatch_cycles(int(b), fixed, r, cap) for b in sizes], dtype=np.int64)
-    return _sum_by_iter(cost[where] if len(lb) else lb, iters, "closed_form_cycles")
+    return _sum_by_iter(cost[np.searchsorted(sizes, lb)] if len(lb) else lb, iters, "closed_form_cycles")
 
 
 def gate(opt3_cycles: float, opt2_cycles: float, factor: float = GATE_FACTOR) -> bool:

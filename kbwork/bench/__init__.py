@@ -73,7 +73,9 @@ def decode_case(variant: str, kv_len: int, tile: int, mode: str, with_refs: bool
     sim_times: list[float] = []
 
     def once():
-        r = decode.run(variant, kv_len=kv_len, tile=tile, mode=mode)
+        # the full simulation: this suite measures the simulator stage by stage (the steady state is
+        # the steady suite's subject) and replays its whole stage graph in SimPy
+        r = decode.run(variant, kv_len=kv_len, tile=tile, mode=mode, steady_state=False)
         _ = r.op_log
         sim_times.append(sum(r.run.timings.values()))
         return r
@@ -179,7 +181,7 @@ def timing_pass(variant: str, kv_len: int, tile: int, with_refs: bool) -> dict[s
     from .. import decode
 
     def once():
-        r = decode.run(variant, kv_len=kv_len, tile=tile, mode="timing")
+        r = decode.run(variant, kv_len=kv_len, tile=tile, mode="timing", steady_state=False)
         _ = r.op_log
         return r
 
@@ -278,12 +280,12 @@ def profile_case(variant: str = "opt3", kv_len: int = 32768, top: int = 25) -> s
     from .. import decode
 
     for _ in range(3):  # warm: the validation cache and the allocator settle after the first run
-        r = decode.run(variant, kv_len=kv_len, mode="timing")
+        r = decode.run(variant, kv_len=kv_len, mode="timing", steady_state=False)
         _ = r.op_log
     phases = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in r.run.timings.items())
     prof = cProfile.Profile()
     prof.enable()
-    decode.run(variant, kv_len=kv_len, mode="timing").op_log
+    decode.run(variant, kv_len=kv_len, mode="timing", steady_state=False).op_log
     prof.disable()
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).strip_dirs().sort_stats("tottime").print_stats(top)
