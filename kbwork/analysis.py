@@ -449,13 +449,15 @@ class Explanation:
     @property
     def short(self) -> str:
         """The bound in a few words (``kbwork compare`` prints it): e.g. ``latency-bound (critical path 67%
-        PE_GEMM, 31% PE_DMA)`` or ``throughput-bound on PE_GEMM (busy 92%)``."""
+        PE_GEMM, 31% PE_DMA; 29% after hazard holds)`` or ``throughput-bound on PE_GEMM (busy 92%)``."""
         b = self.bound
         if b["kind"] == "throughput":
             return f"throughput-bound on {b['engine']} (busy {100 * b['busy_fraction']:.0f}%)"
         second = (f", {100 * b['second_fraction']:.0f}% {b['second_engine']}"
                   if b["second_engine"] is not None and b["second_fraction"] > 0 else "")
-        return f"latency-bound (critical path {100 * b['engine_fraction']:.0f}% {b['engine']}{second})"
+        cause = (f"; {100 * b['cause_fraction']:.0f}% after {_CAUSE_SHORT[b['cause']]}"
+                 if b["cause"] is not None else "")
+        return f"latency-bound (critical path {100 * b['engine_fraction']:.0f}% {b['engine']}{second}{cause})"
 
     def report(self) -> str:
         """The text ``kbwork explain`` prints for this run: cycles, utilisation, critical path, waits, bound."""
@@ -562,6 +564,11 @@ _CAUSE_WORDS = {
     "scheduler": "plans blocked behind a held command",
     "order": "stages that followed program order",
 }
+
+
+#: The same, in two or three words (``Explanation.short``).
+_CAUSE_SHORT = {"engine": "busy-engine waits", "hazard": "hazard holds", "queue": "queue waits",
+                "wait": "tl.wait", "scheduler": "scheduler blocks", "order": "program order"}
 
 
 def _sentence(name: str, cycles: int, b: dict[str, Any], holds: int) -> str:
