@@ -641,3 +641,51 @@ def _resolve_run_only(x: Any):
     if isinstance(inner, Run):
         return inner
     raise ValidationError(f"expected a Run, a decode.DecodeRun or an Explanation, not {type(x).__name__}.")
+
+
+def attribution_wide(explanations: Any, by: str = "engine", drop_zero: bool = True) -> pd.DataFrame:
+    """The critical-path attribution of several runs side by side, one row per run.
+
+    Args:
+        explanations: name -> :class:`Explanation` (or run), or a ``decode.Comparison``.
+        by: ``"engine"`` or ``"cause"``.
+        drop_zero: leave out the names that are 0 in every run.
+
+    Returns:
+        Indexed by run name: ``cycles`` (end to end), then one column per
+        engine unit or cause, in :func:`attribution` order; each row's
+        columns after ``cycles`` add up to it.
+
+    Raises:
+        ValidationError: a bad ``by`` or ``explanations``.
+    """
+    if by not in ("engine", "cause"):
+        raise ValidationError(f"attribution_wide: by={by!r}; use 'engine' or 'cause'.")
+    t = attribution_table(explanations)
+    t = t[t["by"] == by]
+    names = list(dict.fromkeys(t["name"]))
+    runs = list(dict.fromkeys(t["variant"]))
+    wide = t.pivot(index="variant", columns="name", values="cycles").loc[runs, names].astype(np.int64)
+    if drop_zero:
+        wide = wide.loc[:, (wide != 0).any()]
+    wide.insert(0, "cycles", wide.sum(axis=1))
+    wide.index.name, wide.columns.name = "run", by
+    return wide
+
+
+def utilization_wide(explanations: Any) -> pd.DataFrame:
+    """Busy fraction of every engine unit, one row per run (indexed by name), units in track order.
+
+    ``explanations`` is name -> :class:`Explanation` (or run), or a ``decode.Comparison``.
+    """
+    items = getattr(explanations, "runs", explanations)
+    if not hasattr(items, "items"):
+        raise ValidationError(f"utilization_wide takes a dict name -> Explanation (or run) or a "
+                              f"decode.Comparison, not {type(explanations).__name__}.")
+    rows = {}
+    for k, x in items.items():
+        util = x.utilization if isinstance(x, Explanation) else utilization(_resolve_run_only(x).op_log)
+        rows[str(k)] = util.set_index("engine")["busy_fraction"]
+    out = pd.DataFrame(rows).T
+    out.index.name, out.columns.name = "run", "engine"
+    return out

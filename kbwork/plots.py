@@ -869,7 +869,7 @@ def what_if(table: pd.DataFrame, ax: plt.Axes | None = None, *, title: str | Non
 
 # --- sweeps ----------------------------------------------------------------------------------------------
 def scaling(sweep_df: pd.DataFrame, ax: plt.Axes | None = None, x: str = "kv_len", *, baseline: str = "opt2",
-            kind: str = "ratio") -> plt.Axes:
+            kind: str = "ratio", title: str | None = None) -> plt.Axes:
     """End-to-end cycles of every variant against ``x``.
 
     ``sweep_df`` is a :func:`kbwork.decode.sweep` result with one value of every other axis.
@@ -880,6 +880,7 @@ def scaling(sweep_df: pd.DataFrame, ax: plt.Axes | None = None, x: str = "kv_len
             dotted line at 1 marks a tie); ``"cycles"``: end-to-end (solid)
             and total dispatch cycles (dashed) on log-log axes.
         baseline: the variant the ratios divide by.
+        title: the Axes title.
 
     Returns:
         The Axes (x on a log2 scale).
@@ -894,6 +895,8 @@ def scaling(sweep_df: pd.DataFrame, ax: plt.Axes | None = None, x: str = "kv_len
     colors = {"opt2": "#0072B2", "opt3": "#D55E00", "a1": "#009E73"}
     ax.set_xscale("log", base=2)
     ax.set_xlabel(x)
+    if title:
+        ax.set_title(title, loc="left", fontsize=10)
     if kind == "cycles":
         for variant, g in sweep_df.groupby("variant", sort=True):
             g = g.sort_values(x)
