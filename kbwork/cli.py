@@ -225,9 +225,7 @@ def _save_png(fig: Any) -> Callable[[Path], Any]:
 
 
 def cmd_compare(a: argparse.Namespace) -> int:
-    from . import decode
-
-    from . import analysis
+    from . import analysis, decode
 
     _check_outputs(a, (("--gantt", "gantt", ".png"),))
     cmp = decode.compare(variants=a.variants, **_kwargs(a))
@@ -284,9 +282,7 @@ def cmd_explain(a: argparse.Namespace) -> int:
 
     _check_outputs(a, (("--png", "png", ".png"),))
     kw = _kwargs(a)
-    runs = {}
-    for v in a.variants:
-        runs[v] = decode.run(v, **kw)
+    runs = {v: decode.run(v, **kw) for v in a.variants}  # the same seed: the same inputs for each
     explanations = analysis.explain_all(runs, top=a.top)
     params = next(iter(runs.values())).params
     if a.json:

@@ -89,10 +89,6 @@ def _us_axis(ax: plt.Axes, clock_ghz: float | None) -> None:
         sec.set_xlabel("µs")
 
 
-def _fmt_float(x: float) -> str:
-    return f"{x:g}"
-
-
 def describe(params: Mapping[str, Any]) -> str:
     """A one-line description of a decode run's parameters for a title: sizes, then the calibration.
 
@@ -107,7 +103,7 @@ def describe(params: Mapping[str, Any]) -> str:
     if "fixed_cycles" in params:
         calib.append(f"FIXED {params['fixed_cycles']}")
     if "r_cycles_per_byte" in params:
-        calib.append(f"R {_fmt_float(params['r_cycles_per_byte'])}")
+        calib.append(f"R {params['r_cycles_per_byte']:g}")
     if "hazard_policy" in params:
         calib.append(str(params["hazard_policy"]))
     topo = f"{params['topology']}: " if "topology" in params else ""
@@ -334,9 +330,8 @@ def _draw_critical_path(ax: plt.Axes, path: pd.DataFrame, tracks: tuple[str, ...
     i = i[(row[i] != row[i - 1]) & keep[i - 1]]
     causes: tuple[str, ...] = ()
     if len(i):
-        y0, y1 = row[i - 1], row[i]
-        y0 = y0 + np.sign(y1 - y0) * h
-        y1 = y1 - np.sign(y1 - y0) * h
+        down = np.sign(row[i] - row[i - 1])  # from the edge of one stage's bar to the facing edge of the next
+        y0, y1 = row[i - 1] + down * h, row[i] - down * h
         segs = np.stack([np.stack([start[i], y0], axis=1), np.stack([start[i], y1], axis=1)], axis=1)
         colors = [CAUSE_COLORS.get(c, "black") for c in cause[i]]
         links = LineCollection(segs, colors=colors, linewidths=1.6, zorder=4)
@@ -471,8 +466,9 @@ def utilization_over_time(util: pd.DataFrame, ax: plt.Axes | None = None, *, end
     ax.set_ylim(len(tracks) - 0.5, -0.5)
     ax.set_xlim(edges[0], edges[-1])
     cycle_axis(ax.xaxis)
-    ax.set_xlabel(f"cycles ({len(starts)} bins of {edges[1] - edges[0]:,.0f} cycles)" if len(starts) > 1
-                  else "cycles")
+    widths = np.diff(edges)
+    ax.set_xlabel(f"cycles ({len(starts)} bins of {widths[0]:,.0f} cycles)" if np.allclose(widths, widths[0])
+                  else f"cycles ({len(starts)} bins)")
     _us_axis(ax, clock_ghz)
     if colorbar:
         ax.figure.colorbar(mesh, ax=ax, label="busy fraction", pad=0.01, fraction=0.04)
@@ -580,12 +576,12 @@ def compare_gantt(runs: Any, op_log_opt3: pd.DataFrame | None = None, tiles: int
     drawn = []
     for ax, (name, (log, run, _params)) in zip(axes, parts.items()):
         k = commands_per_tile(log)
+        who = f"{name} ({k} command{'s' if k != 1 else ''} per tile)"
         end = f" (the run takes {run.cycles:,} cycles)" if run is not None else ""
-        label = f"{name} ({k} command{'s' if k != 1 else ''} per tile): first {tiles} tiles{end}"
-        width = _axes_width_px(ax, dpi)
-        if too_dense(log, (0, hi), width):
+        label = f"{who}: first {tiles} tiles{end}"
+        if too_dense(log, (0, hi), _axes_width_px(ax, dpi)):
             gantt_or_utilization(log, ax=ax, window=(0, hi), dpi=dpi, clock_ghz=clock_ghz,
-                                 title=f"{name} ({k} commands per tile): utilisation over the first {tiles} tiles{end}")
+                                 title=f"{who}: utilisation over the first {tiles} tiles{end}")
             continue
         drawn.append(_draw_gantt(log, ax, (0, hi), None, hatch, run.holds() if holds else None,
                                  run.critical_path() if critical_path else None))
