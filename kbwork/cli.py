@@ -1,4 +1,4 @@
-"""The ``kbwork`` command: compare, run, golden, bench.
+"""The ``kbwork`` command: compare, explain, run, golden, bench.
 
 Every argument and every output path is checked before anything is
 simulated. A mistake ends with exit status 2 and one ``kbwork: error: ...``
@@ -63,14 +63,15 @@ positive_int = int_range(1)
 nonnegative_int = int_range(0)
 
 
-def _sim_options(p: argparse.ArgumentParser) -> None:
+def _sim_options(p: argparse.ArgumentParser, mode: str = "data") -> None:
     g = p.add_argument_group("decode and topology options")
     g.add_argument("--kv-len", type=positive_int, default=4096, help="KV length N (default 4096)")
     g.add_argument("--tile", type=positive_int, default=128, help="KV tile T (default 128)")
     g.add_argument("--group", type=positive_int, default=8, help="query rows per KV head G (default 8)")
     g.add_argument("--head-dim", type=positive_int, default=128, help="head dimension d (default 128)")
     g.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"], help="storage dtype of q, k, v")
-    g.add_argument("--mode", default="data", choices=["data", "timing"], help="data (numbers) or timing only")
+    g.add_argument("--mode", default=mode, choices=["data", "timing"],
+                   help=f"data (numbers) or timing only (default {mode})")
     g.add_argument("--seed", type=nonnegative_int, default=0, help="input seed, >= 0 (default 0)")
     g.add_argument("--topology", default=None, help="topology name or .toml path (default ahbm-pe-v1)")
     g.add_argument("--fixed", type=int_range(0, MAX_INT), default=None,
@@ -96,8 +97,11 @@ def _kwargs(a: argparse.Namespace) -> dict[str, Any]:
     return kw
 
 
-def format_comparison(cmp: Any) -> str:
-    """The human-readable report ``kbwork compare`` prints: one column per variant."""
+def format_comparison(cmp: Any, bounds: dict[str, str] | None = None) -> str:
+    """The human-readable report ``kbwork compare`` prints: one column per variant.
+
+    ``bounds`` (variant -> ``analysis.Explanation.short``) adds the line saying what bounds each variant.
+    """
     d = cmp.to_dict()
     p = d["params"]
     vs = d["variants"]
@@ -138,6 +142,8 @@ def format_comparison(cmp: Any) -> str:
     fastest = min(vs, key=lambda v: (d["cycles"][v], vs.index(v)))
     if len(vs) > 2:
         lines.append(f"fastest end to end: {fastest} ({d['cycles'][fastest]} cycles)")
+    if bounds:
+        lines.append("what bounds each: " + "; ".join(f"{v} {bounds[v]}" for v in vs))
     if errs is not None:
         for pair, diff in d["max_abs_diff"].items():
             a, b = pair.split("-")
@@ -147,18 +153,37 @@ def format_comparison(cmp: Any) -> str:
     return "\n".join(lines)
 
 
-def variant_list(text: str) -> tuple[str, ...]:
-    """An argparse type: two or more registered decode variants, comma-separated, none twice."""
+def variant_list(text: str, least: int = 2) -> tuple[str, ...]:
+    """An argparse type: ``least`` (default two) or more registered decode variants, comma-separated, none
+    twice."""
     from .kernels.gqa_decode import VARIANTS
 
     names = tuple(x.strip() for x in text.split(",") if x.strip())
     unknown = [x for x in names if x not in VARIANTS]
     if unknown:
         raise argparse.ArgumentTypeError(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
-    if len(names) < 2 or len(set(names)) != len(names):
-        raise argparse.ArgumentTypeError(f"expected two or more different variants, comma-separated "
-                                         f"(e.g. opt2,opt3,a1), got {text!r}")
+    if len(names) < least or len(set(names)) != len(names):
+        many = "two or more different variants" if least == 2 else "one or more different variants"
+        raise argparse.ArgumentTypeError(f"expected {many}, comma-separated (e.g. opt2,opt3,a1), got {text!r}")
     return names
+
+
+def one_or_more_variants(text: str) -> tuple[str, ...]:
+    """An argparse type: one or more registered decode variants, comma-separated, none twice."""
+    return variant_list(text, least=1)
+
+
+one_or_more_variants.__name__ = "variants"
+
+
+def gantt_tiles(text: str) -> int | None:
+    """An argparse type: a positive number of tiles, or ``all`` (``None``)."""
+    if text.strip().lower() == "all":
+        return None
+    return positive_int(text)
+
+
+gantt_tiles.__name__ = "tiles"
 
 
 class _OutputError(KbworkError):
@@ -183,36 +208,93 @@ def _write(flag: str, path: Path, write: Callable[[Path], Any], note: str = "") 
     print(f"wrote {path}{note}", file=sys.stderr)
 
 
+#: The resolution of every PNG the command line writes (the Gantt's pixel budget is counted at it).
+PNG_DPI = 120
+
+
 def _save_png(fig: Any) -> Callable[[Path], Any]:
     def write(path: Path) -> None:
         import matplotlib.pyplot as plt
 
         try:
-            atomic.write_with(path, lambda f: fig.savefig(f, format="png", dpi=120))
+            atomic.write_with(path, lambda f: fig.savefig(f, format="png", dpi=PNG_DPI, bbox_inches="tight",
+                                                          pad_inches=0.08))
         finally:
             plt.close(fig)
     return write
 
 
 def cmd_compare(a: argparse.Namespace) -> int:
-    from . import decode
+    from . import analysis, decode
 
     _check_outputs(a, (("--gantt", "gantt", ".png"),))
     cmp = decode.compare(variants=a.variants, **_kwargs(a))
+    bounds = {v: x.short for v, x in analysis.explain_all(cmp).items()}
     if a.json:
-        print(json.dumps(cmp.to_dict(), indent=2))
+        print(json.dumps({**cmp.to_dict(), "bound": bounds}, indent=2))
     else:
-        print(format_comparison(cmp))
+        print(format_comparison(cmp, bounds))
     if a.gantt:
         from . import plots
 
-        tiles = min(a.gantt_tiles, cmp.opt2.n_tiles)
-        if tiles < a.gantt_tiles:
-            print(f"kbwork: note: the run has {cmp.opt2.n_tiles} tiles; --gantt draws {tiles}, "
-                  f"not {a.gantt_tiles}", file=sys.stderr)
-        fig = plots.compare_gantt(cmp.opt2.op_log, cmp.opt3.op_log, tiles=tiles,
-                                  clock_ghz=cmp.opt2.topology.clock_ghz)
+        first = next(iter(cmp.runs.values()))
+        tiles = _gantt_tiles(a.gantt_tiles, first.n_tiles)
+        fig = plots.compare_gantt(cmp, tiles=tiles, holds=True, critical_path=True, dpi=PNG_DPI)
+        _note_utilization(fig.axes)
         _write("--gantt", a.gantt, _save_png(fig))
+    return 0
+
+
+def _gantt_tiles(asked: int | None, n_tiles: int) -> int:
+    """The tiles ``--gantt`` draws: what was asked (``None``: all), at most the run's, with a note if fewer."""
+    if asked is None:
+        return n_tiles
+    if asked > n_tiles:
+        print(f"kbwork: note: the run has {n_tiles} tiles; --gantt draws {n_tiles}, not {asked}", file=sys.stderr)
+    return min(asked, n_tiles)
+
+
+def _note_utilization(axes: Any) -> None:
+    if any(ax.get_gid() == "utilization" for ax in axes):
+        print("kbwork: note: the window holds more stages than the image has pixels across; --gantt draws "
+              "utilisation over time instead (fewer tiles with --gantt-tiles give a Gantt)", file=sys.stderr)
+
+
+def format_explanations(explanations: dict[str, Any], params: dict[str, Any]) -> str:
+    """The report ``kbwork explain`` prints: the run's parameters, then each variant's explanation."""
+    p = params
+    lines = [f"GQA decode, one KV head: kv_len={p['kv_len']} group={p['group']} head_dim={p['head_dim']} "
+             f"tile={p['tile']} dtype={p['dtype']} mode={p['mode']}",
+             f"topology {p['topology']}: FIXED={p['fixed_cycles']} cycles, R={p['r_cycles_per_byte']} cycles/byte, "
+             f"hazards={p['hazard_policy']}", ""]
+    for x in explanations.values():
+        lines += [x.report(), ""]
+    if len(explanations) > 1:
+        fastest = min(explanations.values(), key=lambda x: x.cycles)
+        others = [f"{x.name} {x.cycles / fastest.cycles:.3f}x" for x in explanations.values() if x is not fastest]
+        lines.append(f"fastest end to end: {fastest.name} ({fastest.cycles} cycles); "
+                     f"{others[0].replace(' ', ' takes ', 1)}{''.join(', ' + o for o in others[1:])} as long")
+    return "\n".join(lines).rstrip()
+
+
+def cmd_explain(a: argparse.Namespace) -> int:
+    from . import analysis, decode
+
+    _check_outputs(a, (("--png", "png", ".png"),))
+    kw = _kwargs(a)
+    runs = {v: decode.run(v, **kw) for v in a.variants}  # the same seed: the same inputs for each
+    explanations = analysis.explain_all(runs, top=a.top)
+    params = next(iter(runs.values())).params
+    if a.json:
+        print(json.dumps({"params": dict(params), "variants": list(runs),
+                          "explain": {v: x.to_dict() for v, x in explanations.items()}}, indent=2))
+    else:
+        print(format_explanations(explanations, params))
+    if a.png:
+        from . import plots
+
+        fig = plots.attribution_figure(analysis.attribution_table(explanations), title=plots.describe(params))
+        _write("--png", a.png, _save_png(fig))
     return 0
 
 
@@ -242,8 +324,13 @@ def cmd_run(a: argparse.Namespace) -> int:
     if a.gantt:
         from . import plots
 
-        ax = plots.gantt(r.op_log, window=plots.tile_window(r.op_log, range(min(3, r.n_tiles))),
-                         clock_ghz=r.topology.clock_ghz, title=f"{a.variant}, first tiles")
+        tiles = _gantt_tiles(a.gantt_tiles, r.n_tiles)
+        ax = plots.gantt_or_utilization(
+            r.op_log, window=plots.tile_window(r.op_log, range(tiles)), dpi=PNG_DPI, clock_ghz=r.topology.clock_ghz,
+            title=f"{a.variant}: first {tiles} of {r.n_tiles} tiles ({r.cycles:,} cycles in all)\n"
+                  f"{plots.describe(r.params)}",
+            holds=r.run.holds(), critical_path=r.run.critical_path())
+        _note_utilization([ax])
         _write("--gantt", a.gantt, _save_png(ax.figure))
     return 0
 
@@ -282,9 +369,19 @@ def build_parser() -> argparse.ArgumentParser:
     _sim_options(c)
     c.add_argument("--json", action="store_true", help="print the comparison as JSON")
     c.add_argument("--gantt", type=Path, help="write a side-by-side Gantt of a few tiles to this .png file")
-    c.add_argument("--gantt-tiles", type=positive_int, default=3,
-                   help="tiles shown in --gantt, at most the run's tiles (default 3)")
+    c.add_argument("--gantt-tiles", type=gantt_tiles, default=3,
+                   help="tiles shown in --gantt, at most the run's tiles, or 'all' (default 3)")
     c.set_defaults(fn=cmd_compare)
+
+    x = sub.add_parser("explain", help="where each variant's time goes: utilisation, critical path, waits, bound")
+    x.add_argument("--variants", type=one_or_more_variants, default=DEFAULT_VARIANTS,
+                   help=f"variants to explain, comma-separated, one or more of {', '.join(VARIANTS)} "
+                        f"(default {','.join(DEFAULT_VARIANTS)})")
+    _sim_options(x, mode="timing")
+    x.add_argument("--json", action="store_true", help="print the explanations as JSON")
+    x.add_argument("--png", type=Path, help="write the critical-path attribution bar charts to this .png file")
+    x.add_argument("--top", type=int_range(1, 100), default=5, help="how many of the largest waits to list (default 5)")
+    x.set_defaults(fn=cmd_explain)
 
     r = sub.add_parser("run", help="simulate one decode variant")
     r.add_argument("--variant", required=True, choices=list(VARIANTS))
@@ -292,7 +389,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--oplog", type=Path, help="write the op_log CSV to this .csv file")
     r.add_argument("--npz", type=Path, help="write inputs q, k, v and final m, l, O to this .npz file (data mode)")
     r.add_argument("--trace", type=Path, help="write a Perfetto/Chrome-trace JSON to this .json file")
-    r.add_argument("--gantt", type=Path, help="write a Gantt of the first tiles to this .png file")
+    r.add_argument("--gantt", type=Path, help="write a Gantt of the first tiles to this .png file (utilisation "
+                                              "over time when they hold more stages than the image has pixels)")
+    r.add_argument("--gantt-tiles", type=gantt_tiles, default=3,
+                   help="tiles shown in --gantt, at most the run's tiles, or 'all' (default 3)")
     r.set_defaults(fn=cmd_run)
 
     g = sub.add_parser("golden", help="check or rewrite the golden op_logs in data/golden/")

@@ -1,19 +1,31 @@
-"""Plots of op_logs: pure functions that take DataFrames and an optional Axes.
+"""Plots of op_logs and of where a run's time went: pure functions that take DataFrames and an optional Axes.
 
 Every function returns the matplotlib Axes (or Figure) it drew on, so a
-notebook, a test and the command line call the same code.
+notebook, a test and the command line call the same code. A function that
+makes its own figure lays it out with ``constrained_layout``, so labels,
+legends and the µs axis stay inside the figure when it is saved.
+
+Artists the tests (and anyone styling a figure) look for carry a ``gid``:
+``stages:<unit>`` (one PolyCollection of stages per engine unit),
+``stages:<unit>:<hatch>`` (the hatched stages of one unit, e.g. V tiles),
+``holds`` (one segment per hazard hold), ``critical-path`` (one outline per
+critical-path stage) and ``critical-path-links`` (one segment per change of
+unit along the path).
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Iterable, Mapping, NamedTuple
 
 import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from matplotlib.collections import PolyCollection
+from matplotlib.collections import LineCollection, PolyCollection
+from matplotlib.colors import TwoSlopeNorm
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from .errors import ValidationError
 from .oplog import STAGE_NAMES, check_schema, engine_tracks
@@ -28,8 +40,117 @@ STAGE_COLORS = {
     "MATH": "#009E73",
     "DMA_WRITE": "#E69F00",
 }
+#: One colour per engine, the colour of the stage kind it mostly runs (attribution by engine).
+ENGINE_COLORS = {
+    "PE_CPU": STAGE_COLORS["DISPATCH"],
+    "PE_SCHEDULER": STAGE_COLORS["PLAN"],
+    "PE_DMA": STAGE_COLORS["DMA_READ"],
+    "PE_GEMM": STAGE_COLORS["GEMM"],
+    "PE_MATH": STAGE_COLORS["MATH"],
+}
+#: One colour per critical-path cause (Paul Tol's vibrant scheme; attribution by cause, path links).
+CAUSE_COLORS = {
+    "engine": "#BBBBBB",
+    "dependency": "#33415C",
+    "hazard": "#CC3311",
+    "queue": "#EE7733",
+    "wait": "#33BBEE",
+    "scheduler": "#EE3377",
+    "order": "#009988",
+}
+#: Hatch pattern by tensor: the stages that move it (DMA_READ, DMA_WRITE, and FETCH of it as the
+#: streamed operand) are hatched. A tensor is named by its base name, the part before any ``[rows]``
+#: slice: decode's V tiles (``V[0:128]``, ...) are hatched, its K tiles plain.
+TENSOR_HATCH = {"V": "////"}
+#: The colour of the hazard-hold bars on a Gantt.
+HOLD_COLOR = "#7B1E3A"
 
 _PALETTE = np.array([matplotlib.colors.to_rgba(STAGE_COLORS[k]) for k in STAGE_NAMES])
+_MOVERS = ("DMA_READ", "DMA_WRITE", "FETCH")
+
+
+# --- small helpers ---------------------------------------------------------------------------------------
+def cycle_axis(axis: matplotlib.axis.Axis) -> None:
+    """Integer cycle ticks on ``axis`` (``ax.xaxis``): whole numbers with thousands separators, no
+    scientific notation and no offset (never "1e6" in a corner)."""
+    axis.set_major_locator(MaxNLocator(nbins="auto", steps=[1, 2, 2.5, 5, 10], integer=True))
+    axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:,.0f}"))
+
+
+def _new_axes(figsize: tuple[float, float]) -> plt.Axes:
+    _, ax = plt.subplots(figsize=figsize, layout="constrained")
+    return ax
+
+
+def _us_axis(ax: plt.Axes, clock_ghz: float | None) -> None:
+    if clock_ghz:
+        per_us = clock_ghz * 1e3
+        sec = ax.secondary_xaxis("top", functions=(lambda c: c / per_us, lambda u: u * per_us))
+        sec.set_xlabel("µs")
+
+
+def describe(params: Mapping[str, Any]) -> str:
+    """A one-line description of a decode run's parameters for a title: sizes, then the calibration.
+
+    ``params`` is ``DecodeRun.params`` (or ``Comparison.params``), e.g.
+    ``"kv_len 4096, tile 128, G 8, d 128, bf16 · ahbm-pe-v1: FIXED 40, R 0.0625, strict_fifo"``.
+    """
+    sizes = ", ".join(f"{k} {params[key]}" for k, key in (("kv_len", "kv_len"), ("tile", "tile"), ("G", "group"),
+                                                          ("d", "head_dim")) if key in params)
+    if "dtype" in params:
+        sizes += f", {params['dtype']}"
+    calib = []
+    if "fixed_cycles" in params:
+        calib.append(f"FIXED {params['fixed_cycles']}")
+    if "r_cycles_per_byte" in params:
+        calib.append(f"R {params['r_cycles_per_byte']:g}")
+    if "hazard_policy" in params:
+        calib.append(str(params["hazard_policy"]))
+    topo = f"{params['topology']}: " if "topology" in params else ""
+    return sizes + (f" · {topo}{', '.join(calib)}" if calib else "")
+
+
+def _run_parts(x: Any) -> tuple[pd.DataFrame, Any, dict | None]:
+    """``(op_log, Run or None, decode params or None)`` of an op_log, a Run or a decode.DecodeRun."""
+    from .sim import Run
+
+    if isinstance(x, pd.DataFrame):
+        return x, None, None
+    if isinstance(x, Run):
+        return x.op_log, x, None
+    inner = getattr(x, "run", None)
+    if isinstance(inner, Run):
+        return inner.op_log, inner, dict(getattr(x, "params", {}) or {}) or None
+    raise ValidationError(f"expected an op_log DataFrame, a Run or a decode.DecodeRun, not {type(x).__name__}.")
+
+
+def _named_runs(runs: Any, second: Any, where: str) -> dict[str, Any]:
+    """The variants to draw, by name: from a Comparison, a mapping, or the old two-op_log call."""
+    if isinstance(runs, pd.DataFrame):
+        if not isinstance(second, pd.DataFrame):
+            raise ValidationError(f"{where}: given one op_log, pass the second too ({where}(op_log_opt2, "
+                                  f"op_log_opt3)), or pass a dict name -> op_log or a decode.Comparison.")
+        return {"opt2": runs, "opt3": second}
+    if second is not None:
+        raise ValidationError(f"{where}: a second positional argument goes only with two op_logs; with "
+                              f"{type(runs).__name__} pass the other options by name (tiles=..., tile=...).")
+    items = getattr(runs, "runs", runs)
+    if not isinstance(items, Mapping):
+        raise ValidationError(f"{where} takes a decode.Comparison, a dict name -> op_log (or run), or two "
+                              f"op_logs, not {type(runs).__name__}.")
+    if not items:
+        raise ValidationError(f"{where}: no variants given.")
+    return {str(k): v for k, v in items.items()}
+
+
+def commands_per_tile(op_log: pd.DataFrame) -> int:
+    """Commands labelled with one tile's ``iter`` (tile 1, or tile 0 when there is one tile): a decode
+    variant's commands per tile, read off its op_log."""
+    d = op_log[(op_log["stage"] == "DISPATCH") & (op_log["iter"] >= 0)]
+    if d.empty:
+        return 0
+    it = 1 if (d["iter"] == 1).any() else int(d["iter"].min())
+    return int((d["iter"] == it).sum())
 
 
 def tile_window(op_log: pd.DataFrame, tiles: Iterable[int]) -> tuple[int, int]:
@@ -46,26 +167,60 @@ def tile_window(op_log: pd.DataFrame, tiles: Iterable[int]) -> tuple[int, int]:
     return int(sel["start"].min()), int(sel["end"].max())
 
 
-def gantt(op_log: pd.DataFrame, ax: plt.Axes | None = None, window: tuple[int, int] | None = None, *,
-          highlight: dict | None = None, clock_ghz: float | None = 1.25, title: str | None = None,
-          legend: bool = True) -> plt.Axes:
-    """Draw a Gantt chart: one row per engine unit (each DMA channel its own), one colour per stage kind.
+# --- the Gantt chart -------------------------------------------------------------------------------------
+class _Drawn(NamedTuple):
+    """What one Gantt panel shows, for its legend."""
 
-    Args:
-        op_log: an op_log DataFrame.
-        ax: Axes to draw on (a new figure when ``None``).
-        window: ``(start, end)`` cycles to show; stages overlapping it are drawn.
-        highlight: column -> value (e.g. ``{"cmd": 12}`` or ``{"iter": 3}``);
-            matching stages are drawn outlined, the others faded.
-        clock_ghz: adds a secondary µs axis on top (``None`` to omit).
-        title: the Axes title.
-        legend: draw the stage-kind legend.
+    stages: tuple[str, ...]
+    hatches: tuple[tuple[str, str], ...]
+    holds: int
+    path: int
+    causes: tuple[str, ...]
 
-    Returns:
-        The Axes. Each engine is one PolyCollection, so 100k stages draw fast.
-    """
-    if ax is None:
-        _, ax = plt.subplots(figsize=(12, 3.2))
+
+def _tensor_base(name: str) -> str:
+    """``"softmax_merge0.P|V[0:128]"`` -> ``"V"``: the streamed operand of a FETCH, without its slice."""
+    return name.rsplit("|", 1)[-1].split("[", 1)[0]
+
+
+def _hatch_patterns(df: pd.DataFrame, hatch: Mapping[str, str] | None) -> np.ndarray:
+    """Per row of ``df``, the hatch of the tensor it moves ("" for none)."""
+    out = np.full(len(df), "", dtype=object)
+    if not hatch or not len(df):
+        return out
+    # decide once per distinct tensor name, not once per stage
+    tensor = df["tensor"]
+    if isinstance(tensor.dtype, pd.CategoricalDtype):
+        cats, codes = tensor.cat.categories, tensor.cat.codes.to_numpy()
+    else:
+        c = pd.Categorical(tensor.astype(str))
+        cats, codes = c.categories, c.codes
+    per_cat = np.array([hatch.get(_tensor_base(str(c)), "") for c in cats] + [""], dtype=object)
+    out = per_cat[codes]  # code -1 (missing) reads the trailing ""
+    out[~df["stage"].astype(str).isin(_MOVERS).to_numpy()] = ""
+    return out
+
+
+def _hold_rows(op_log: pd.DataFrame, holds: pd.DataFrame, tracks: tuple[str, ...]) -> np.ndarray:
+    """The Gantt row of each hold: the unit that ran the held command's first plan stage."""
+    work = op_log[op_log["cmd"].isin(holds["cmd"]) & ~op_log["stage"].isin(["DISPATCH", "PLAN"])]
+    first = work.sort_values(["cmd", "start", "seq"], kind="stable").drop_duplicates("cmd")
+    unit = dict(zip(first["cmd"].to_numpy().tolist(), first["engine"].astype(str)))
+    row_of = {t: i for i, t in enumerate(tracks)}
+    sched = row_of.get("PE_SCHEDULER", 0)
+    return np.array([row_of.get(unit.get(int(c), ""), sched) for c in holds["cmd"]], dtype=np.float64)
+
+
+def _check_frame(x: Any, what: str, columns: tuple[str, ...]) -> pd.DataFrame:
+    if not isinstance(x, pd.DataFrame) or not set(columns) <= set(x.columns):
+        raise ValidationError(f"gantt: {what} must be a DataFrame with columns {', '.join(columns)} "
+                              f"(Run.{what.replace(' ', '_')}()), got {type(x).__name__}.")
+    return x
+
+
+def _draw_gantt(op_log: pd.DataFrame, ax: plt.Axes, window: tuple[int, int] | None, highlight: dict | None,
+                hatch: Mapping[str, str] | None, holds: pd.DataFrame | None,
+                critical_path: pd.DataFrame | None) -> _Drawn:
     tracks = engine_tracks(op_log["engine"])
     df = op_log
     if window is not None:
@@ -92,108 +247,804 @@ def gantt(op_log: pd.DataFrame, ax: plt.Axes | None = None, window: tuple[int, i
     verts[:, 2, 0] = verts[:, 3, 0] = end
     verts[:, 0, 1] = verts[:, 3, 1] = row - h
     verts[:, 1, 1] = verts[:, 2, 1] = row + h
-    for r in range(len(tracks)):  # one collection per engine unit
+    pattern = _hatch_patterns(df, hatch)
+    hatched = pattern != ""
+    used_hatches: dict[tuple[str, str], None] = {}
+    for r, track in enumerate(tracks):  # one collection per engine unit (and one per hatch pattern on it)
         m = row == r
-        if m.any():
-            ax.add_collection(PolyCollection(verts[m], facecolors=face[m], edgecolors=edge[m], linewidths=width))
+        plain = m & ~hatched
+        if plain.any():
+            coll = PolyCollection(verts[plain], facecolors=face[plain], edgecolors=edge[plain], linewidths=width)
+            coll.set_gid(f"stages:{track}")
+            ax.add_collection(coll)
+        for pat in sorted(set(pattern[m & hatched])):
+            sel = m & (pattern == pat)
+            # the hatch takes the collection's edge colour: white lines over the stage's own colour
+            coll = PolyCollection(verts[sel], facecolors=face[sel], edgecolors=(1, 1, 1, 0.9), linewidths=0.0,
+                                  hatch=pat)
+            coll.set_gid(f"stages:{track}:{pat}")
+            ax.add_collection(coll)
+    if hatched.any():
+        for name, pat in (hatch or {}).items():
+            if (pattern == pat).any():
+                used_hatches[(name, pat)] = None
+    n_holds = _draw_holds(ax, op_log, holds, tracks, window) if holds is not None else 0
+    n_path, causes = _draw_critical_path(ax, critical_path, tracks, window) if critical_path is not None else (0, ())
     ax.set_yticks(range(len(tracks)))
     ax.set_yticklabels(tracks)
-    ax.set_ylim(len(tracks) - 0.5, -0.5)
+    # hold bars sit in the gap below their row: leave the last row's gap above the axis line
+    ax.set_ylim(len(tracks) - (0.35 if n_holds else 0.5), -0.5)
     if window is not None:
         ax.set_xlim(*window)
     elif len(df):
         ax.set_xlim(0, float(end.max()) * 1.01)
+    cycle_axis(ax.xaxis)
     ax.set_xlabel("cycles")
-    if clock_ghz:
-        per_us = clock_ghz * 1e3
-        sec = ax.secondary_xaxis("top", functions=(lambda c: c / per_us, lambda u: u * per_us))
-        sec.set_xlabel("µs")
+    ax.grid(axis="x", alpha=0.3)
+    present = set(df["stage"].astype(str).unique())
+    return _Drawn(tuple(k for k in STAGE_NAMES if k in present), tuple(used_hatches), n_holds, n_path, causes)
+
+
+def _draw_holds(ax: plt.Axes, op_log: pd.DataFrame, holds: pd.DataFrame, tracks: tuple[str, ...],
+                window: tuple[int, int] | None) -> int:
+    holds = _check_frame(holds, "holds", ("cmd", "plan_end", "release"))
+    if window is not None:
+        lo, hi = window
+        holds = holds[(holds["release"] >= lo) & (holds["plan_end"] <= hi)]
+    if holds.empty:
+        return 0
+    # a thin bar in the gap just below the held command's row, from its PLAN end to its release
+    y = _hold_rows(op_log, holds, tracks) + 0.47
+    x0 = holds["plan_end"].to_numpy(np.float64)
+    x1 = holds["release"].to_numpy(np.float64)
+    segs = np.stack([np.stack([x0, y], axis=1), np.stack([x1, y], axis=1)], axis=1)
+    coll = LineCollection(segs, colors=HOLD_COLOR, linewidths=2.2, capstyle="butt")
+    coll.set_gid("holds")
+    ax.add_collection(coll)
+    return len(holds)
+
+
+def _draw_critical_path(ax: plt.Axes, path: pd.DataFrame, tracks: tuple[str, ...],
+                        window: tuple[int, int] | None) -> tuple[int, tuple[str, ...]]:
+    path = _check_frame(path, "critical path", ("engine", "start", "end", "cause"))
+    row = pd.Categorical(path["engine"], categories=tracks).codes.astype(np.float64)
+    start = path["start"].to_numpy(np.float64)
+    end = path["end"].to_numpy(np.float64)
+    cause = path["cause"].astype(str).to_numpy()
+    keep = np.ones(len(path), bool) if window is None else (end >= window[0]) & (start <= window[1])
+    if not keep.any():
+        return 0, ()
+    h = 0.4
+    k = np.flatnonzero(keep)
+    verts = np.empty((len(k), 4, 2))
+    verts[:, 0, 0] = verts[:, 1, 0] = start[k]
+    verts[:, 2, 0] = verts[:, 3, 0] = end[k]
+    verts[:, 0, 1] = verts[:, 3, 1] = row[k] - h
+    verts[:, 1, 1] = verts[:, 2, 1] = row[k] + h
+    outline = PolyCollection(verts, facecolors="none", edgecolors="black", linewidths=1.4, zorder=3)
+    outline.set_gid("critical-path")
+    ax.add_collection(outline)
+    # a link where the path changes unit: from the previous stage's row to this one's, at this start,
+    # coloured by what bound this start
+    i = k[k > 0]
+    i = i[(row[i] != row[i - 1]) & keep[i - 1]]
+    causes: tuple[str, ...] = ()
+    if len(i):
+        down = np.sign(row[i] - row[i - 1])  # from the edge of one stage's bar to the facing edge of the next
+        y0, y1 = row[i - 1] + down * h, row[i] - down * h
+        segs = np.stack([np.stack([start[i], y0], axis=1), np.stack([start[i], y1], axis=1)], axis=1)
+        colors = [CAUSE_COLORS.get(c, "black") for c in cause[i]]
+        links = LineCollection(segs, colors=colors, linewidths=1.6, zorder=4)
+        links.set_gid("critical-path-links")
+        ax.add_collection(links)
+        present = set(cause[i])
+        causes = tuple(c for c in CAUSE_COLORS if c in present)
+    return len(k), causes
+
+
+def _gantt_handles(drawn: Iterable[_Drawn]) -> list:
+    drawn = list(drawn)
+    stages = {s for d in drawn for s in d.stages}
+    handles: list = [Patch(color=STAGE_COLORS[k], label=k) for k in STAGE_NAMES if k in stages]
+    hatches = dict.fromkeys(h for d in drawn for h in d.hatches)
+    for name, pat in hatches:
+        handles.append(Patch(facecolor=STAGE_COLORS["DMA_READ"], edgecolor="white", hatch=pat,
+                             label=f"{name} tiles (hatched)"))
+    if any(d.holds for d in drawn):
+        handles.append(Line2D([], [], color=HOLD_COLOR, linewidth=2.2, label="hazard hold:\nPLAN end → release"))
+    if any(d.path for d in drawn):
+        handles.append(Patch(facecolor="none", edgecolor="black", linewidth=1.4, label="critical path"))
+        causes = {c for d in drawn for c in d.causes}
+        for c in CAUSE_COLORS:
+            if c in causes:
+                handles.append(Line2D([], [], color=CAUSE_COLORS[c], linewidth=1.6, label=f"  link: {c}"))
+    return handles
+
+
+def _legend(ax: plt.Axes, handles: list) -> None:
+    if handles:
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False,
+                  borderaxespad=0.0)
+
+
+def gantt(op_log: pd.DataFrame, ax: plt.Axes | None = None, window: tuple[int, int] | None = None, *,
+          highlight: dict | None = None, clock_ghz: float | None = 1.25, title: str | None = None,
+          legend: bool = True, hatch: Mapping[str, str] | None = TENSOR_HATCH,
+          holds: pd.DataFrame | None = None, critical_path: pd.DataFrame | None = None) -> plt.Axes:
+    """Draw a Gantt chart: one row per engine unit (each DMA channel its own), one colour per stage kind.
+
+    Args:
+        op_log: an op_log DataFrame.
+        ax: Axes to draw on (a new constrained-layout figure when ``None``).
+        window: ``(start, end)`` cycles to show; stages overlapping it are drawn.
+        highlight: column -> value (e.g. ``{"cmd": 12}`` or ``{"iter": 3}``);
+            matching stages are drawn outlined, the others faded.
+        clock_ghz: adds a secondary µs axis on top (``None`` to omit).
+        title: the Axes title.
+        legend: draw the legend (stage kinds, hatched tensors, holds, critical path).
+        hatch: tensor base name -> hatch pattern (:data:`TENSOR_HATCH`: decode's
+            V tiles hatched, K tiles plain); ``None`` or ``{}`` for no hatching.
+        holds: ``Run.holds()``: each hold drawn as a thin bar from the held
+            command's PLAN end to its release, just below the row of the unit
+            that ran its first plan stage.
+        critical_path: ``Run.critical_path()``: its stages outlined in black,
+            and where the path moves to another unit a link coloured by the
+            cause that bound the next start (:data:`CAUSE_COLORS`).
+
+    Returns:
+        The Axes. Stages are one PolyCollection per engine unit (plus one per
+        hatch pattern on it), holds one LineCollection, the critical path one
+        PolyCollection and one LineCollection: 100k stages draw fast.
+
+    Raises:
+        ValidationError: ``holds`` or ``critical_path`` is not such a DataFrame.
+    """
+    if ax is None:
+        ax = _new_axes((12, 3.4))
+    drawn = _draw_gantt(op_log, ax, window, highlight, hatch, holds, critical_path)
+    _us_axis(ax, clock_ghz)
     if title:
         ax.set_title(title, loc="left", fontsize=10)
     if legend:
-        present = [k for k in STAGE_NAMES if k in set(df["stage"].unique())]
-        ax.legend(handles=[Patch(color=STAGE_COLORS[k], label=k) for k in present], loc="upper left",
-                  bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
-    ax.grid(axis="x", alpha=0.3)
+        _legend(ax, _gantt_handles([drawn]))
     return ax
 
 
-def compare_gantt(op_log_opt2: pd.DataFrame, op_log_opt3: pd.DataFrame, tiles: int = 3,
-                  clock_ghz: float | None = 1.25) -> plt.Figure:
-    """opt2 above opt3 on one cycle axis, from cycle 0 to the end of tile ``tiles - 1`` of the slower one.
+# --- long runs: utilisation over time --------------------------------------------------------------------
+def too_dense(op_log: pd.DataFrame, window: tuple[int, int] | None, width_px: float) -> bool:
+    """Whether some engine unit has more stages in ``window`` than ``width_px`` pixels can show (a Gantt
+    would be a smear; :func:`utilization_over_time` says more)."""
+    df = op_log if window is None else op_log[(op_log["end"] > window[0]) & (op_log["start"] < window[1])]
+    if df.empty:
+        return False
+    counts = pd.Categorical(df["engine"], categories=engine_tracks(op_log["engine"])).value_counts()
+    return bool(counts.max() > width_px)
+
+
+def _axes_width_px(ax: plt.Axes, dpi: float | None) -> float:
+    fig = ax.figure
+    return ax.get_position().width * fig.get_figwidth() * (dpi or fig.dpi)
+
+
+def utilization_over_time(util: pd.DataFrame, ax: plt.Axes | None = None, *, end: float | None = None,
+                          clock_ghz: float | None = 1.25, title: str | None = None,
+                          colorbar: bool = True) -> plt.Axes:
+    """A heat strip per engine unit: how busy it was in each time bin (for runs too long for a Gantt).
+
+    Args:
+        util: :func:`kbwork.analysis.utilization_over_time` output (rows are
+            bins indexed by their first cycle, columns engine units in track order).
+        ax: Axes to draw on (a new constrained-layout figure when ``None``).
+        end: the last bin's end in cycles (default: one bin width after its start).
+        clock_ghz: adds a secondary µs axis on top (``None`` to omit).
+        title: the Axes title.
+        colorbar: draw the busy-fraction colour bar.
 
     Returns:
-        The Figure.
+        The Axes; rows in the Gantt's order (the first unit on top), colour 0
+        (idle, white) to 1 (busy the whole bin).
+
+    Raises:
+        ValidationError: ``util`` has no bins or no units.
     """
-    fig, axes = plt.subplots(2, 1, figsize=(13, 5.6), sharex=True, constrained_layout=True)
-    wins = [tile_window(df, range(tiles)) for df in (op_log_opt2, op_log_opt3)]
-    hi = max(w[1] for w in wins)
-    for ax, df, name in zip(axes, (op_log_opt2, op_log_opt3), ("opt2 (2 commands per tile)",
-                                                               "opt3 (10 commands per tile)")):
-        gantt(df, ax=ax, window=(0, hi), clock_ghz=clock_ghz, title=f"{name}: first {tiles} tiles",
-              legend=ax is axes[0])
-    axes[0].set_xlabel("")
+    if not isinstance(util, pd.DataFrame) or util.empty or util.shape[1] == 0:
+        raise ValidationError("utilization_over_time: pass analysis.utilization_over_time(op_log, bins=...) "
+                              "output (one row per bin, one column per engine unit).")
+    if ax is None:
+        ax = _new_axes((12, 3.4))
+    starts = util.index.to_numpy(np.float64)
+    if end is None:
+        end = starts[-1] + (starts[-1] - starts[-2] if len(starts) > 1 else 1.0)
+    edges = np.append(starts, float(end))
+    tracks = list(util.columns)
+    z = util.to_numpy(np.float64).T
+    mesh = ax.pcolormesh(edges, np.arange(len(tracks) + 1) - 0.5, z, cmap="Blues", vmin=0.0, vmax=1.0,
+                         shading="flat")
+    mesh.set_gid("utilization")
+    ax.set_yticks(range(len(tracks)))
+    ax.set_yticklabels(tracks)
+    ax.set_ylim(len(tracks) - 0.5, -0.5)
+    ax.set_xlim(edges[0], edges[-1])
+    cycle_axis(ax.xaxis)
+    widths = np.diff(edges)
+    ax.set_xlabel(f"cycles ({len(starts)} bins of {widths[0]:,.0f} cycles)" if np.allclose(widths, widths[0])
+                  else f"cycles ({len(starts)} bins)")
+    _us_axis(ax, clock_ghz)
+    if colorbar:
+        ax.figure.colorbar(mesh, ax=ax, label="busy fraction", pad=0.01, fraction=0.04)
+    if title:
+        ax.set_title(title, loc="left", fontsize=10)
+    return ax
+
+
+def _bin_edges(op_log: pd.DataFrame, lo: float, hi: float, max_bins: int) -> tuple[np.ndarray, str]:
+    """Bin edges over ``[lo, hi]`` and how to describe them. When the op_log labels loop iterations, the
+    edges are where every k-th iteration's first DISPATCH starts, so each bin holds whole iterations and a
+    periodic schedule shows as flat instead of as a beat between bin and period; otherwise equal bins."""
+    d = op_log[(op_log["stage"] == "DISPATCH") & (op_log["iter"] >= 0)]
+    if not d.empty:
+        first = d.groupby("iter")["start"].min().sort_values().to_numpy(np.float64)
+        inside = first[(first > lo) & (first < hi)]
+        if len(inside) >= 2:
+            k = max(1, -(-len(inside) // max(1, max_bins - 1)))
+            edges = np.concatenate(([lo], inside[::k], [hi]))
+            return np.unique(edges), f"bins of {k} iteration{'s' if k > 1 else ''}, by the first dispatch of each"
+    edges = np.linspace(lo, hi, max_bins + 1)
+    return edges, f"{max_bins} bins of {edges[1] - edges[0]:,.0f} cycles"
+
+
+def gantt_or_utilization(op_log: pd.DataFrame, ax: plt.Axes | None = None,
+                         window: tuple[int, int] | None = None, *, dpi: float | None = None,
+                         max_bins: int | None = None, clock_ghz: float | None = 1.25, title: str | None = None,
+                         **gantt_options: Any) -> plt.Axes:
+    """A :func:`gantt` when every unit's stages in ``window`` fit the Axes' width in pixels, otherwise
+    :func:`utilization_over_time` of the window (what ``kbwork run --gantt`` and ``compare --gantt`` draw).
+
+    Args:
+        dpi: the resolution the figure will be saved at (default: the figure's).
+        max_bins: the most bins of the utilisation plot (default: one per 4 pixels of width). Bins hold
+            whole loop iterations when the op_log labels them (``iter``), else equal spans of cycles.
+        **gantt_options: passed to :func:`gantt` when it is drawn (``holds``, ``critical_path``, ...).
+
+    Returns:
+        The Axes; ``ax.get_gid()`` is ``"gantt"`` or ``"utilization"`` (which one was drawn).
+    """
+    from .analysis import utilization_over_time as util_over_time
+
+    if ax is None:
+        ax = _new_axes((12, 3.4))
+    width = _axes_width_px(ax, dpi)
+    if not too_dense(op_log, window, width):
+        gantt(op_log, ax=ax, window=window, clock_ghz=clock_ghz, title=title, **gantt_options)
+        ax.set_gid("gantt")
+        return ax
+    lo, hi = window if window is not None else (0, int(op_log["end"].max()))
+    edges, how = _bin_edges(op_log, float(lo), float(hi), max_bins or max(1, int(width // 4)))
+    util = util_over_time(op_log, bins=edges)
+    utilization_over_time(util, ax=ax, end=edges[-1], clock_ghz=clock_ghz, title=title)
+    ax.set_xlabel(f"cycles ({how})")
+    ax.set_gid("utilization")
+    return ax
+
+
+# --- several variants side by side ------------------------------------------------------------------------
+def compare_gantt(runs: Any, op_log_opt3: pd.DataFrame | None = None, tiles: int = 3,
+                  clock_ghz: float | None | str = "auto", *, holds: bool = False, critical_path: bool = False,
+                  hatch: Mapping[str, str] | None = TENSOR_HATCH, title: str | None = None,
+                  dpi: float | None = None) -> plt.Figure:
+    """Every variant above the next on one cycle axis, from cycle 0 to the end of tile ``tiles - 1`` of the
+    slowest.
+
+    Args:
+        runs: a ``decode.Comparison``, or a dict name -> op_log, Run or
+            ``decode.DecodeRun`` (any number, drawn in that order). The old
+            call ``compare_gantt(op_log_opt2, op_log_opt3, tiles)`` still works.
+        op_log_opt3: the second op_log of the old call only.
+        tiles: the first tiles to show.
+        clock_ghz: the clock of the µs axis; ``"auto"`` takes the runs'
+            topology's (1.25 GHz for bare op_logs), ``None`` omits the axis.
+        holds, critical_path: draw each variant's hazard holds and critical
+            path (:func:`gantt`); these need runs, not bare op_logs.
+        hatch: as in :func:`gantt`.
+        title: the figure title (default: the runs' sizes and calibration, when known).
+        dpi: the resolution the figure will be saved at: a panel whose units
+            have more stages in the window than the panel has pixels becomes a
+            utilisation-over-time plot (:func:`gantt_or_utilization`).
+
+    Returns:
+        The Figure, one Axes per variant (plus colour bars of utilisation panels).
+
+    Raises:
+        ValidationError: no variants, a variant without the tiles asked for,
+            or ``holds``/``critical_path`` with bare op_logs.
+    """
+    named = _named_runs(runs, op_log_opt3, "compare_gantt")
+    parts = {name: _run_parts(x) for name, x in named.items()}
+    if (holds or critical_path) and any(r is None for _, r, _ in parts.values()):
+        bare = [n for n, (_, r, _) in parts.items() if r is None]
+        raise ValidationError(f"compare_gantt: holds/critical_path need runs, but {', '.join(bare)} "
+                              f"{'is a bare op_log' if len(bare) == 1 else 'are bare op_logs'}; pass a "
+                              f"decode.Comparison or a dict name -> run.")
+    if clock_ghz == "auto":
+        clocks = [r.topology.clock_ghz for _, r, _ in parts.values() if r is not None]
+        clock_ghz = clocks[0] if clocks else 1.25
+    wins = {name: tile_window(log, range(tiles)) for name, (log, _, _) in parts.items()}
+    hi = max(w[1] for w in wins.values())
+    n = len(parts)
+    fig, axes = plt.subplots(n, 1, figsize=(13, 0.6 + 2.5 * n), sharex=True, layout="constrained", squeeze=False)
+    axes = axes[:, 0]
+    drawn = []
+    for ax, (name, (log, run, _params)) in zip(axes, parts.items()):
+        k = commands_per_tile(log)
+        who = f"{name} ({k} command{'s' if k != 1 else ''} per tile)"
+        end = f" (the run takes {run.cycles:,} cycles)" if run is not None else ""
+        label = f"{who}: first {tiles} tiles{end}"
+        if too_dense(log, (0, hi), _axes_width_px(ax, dpi)):
+            gantt_or_utilization(log, ax=ax, window=(0, hi), dpi=dpi, clock_ghz=clock_ghz,
+                                 title=f"{who}: utilisation over the first {tiles} tiles{end}")
+            continue
+        drawn.append(_draw_gantt(log, ax, (0, hi), None, hatch, run.holds() if holds else None,
+                                 run.critical_path() if critical_path else None))
+        ax.set_gid("gantt")
+        _us_axis(ax, clock_ghz)
+        ax.set_title(label, loc="left", fontsize=10)
+    for ax in axes[:-1]:
+        ax.set_xlabel("")
+    if drawn:  # one legend for every panel, beside them (constrained layout makes room for it)
+        fig.legend(handles=_gantt_handles(drawn), loc="outside right upper", fontsize=8, frameon=False)
+    if title is None:
+        params = [p for _, _, p in parts.values() if p]
+        title = describe(params[0]) if params else None
+    if title:
+        fig.suptitle(title, x=0.01, ha="left", fontsize=11)
     return fig
 
 
-def dispatch_per_tile(op_log_opt2: pd.DataFrame, op_log_opt3: pd.DataFrame, tile: int = 1,
+def _dispatch_title(totals: dict[str, int], tile: int) -> str:
+    def ratio(a: str, b: str) -> str:
+        return "undefined" if not totals[b] else f"{totals[a] / totals[b]:.2f}"
+
+    if "opt2" in totals and "opt3" in totals:
+        parts = [f"opt3 / opt2 = {ratio('opt3', 'opt2')}"]
+        parts += [f"{v} / opt2 = {ratio(v, 'opt2')}" for v in totals if v not in ("opt2", "opt3")]
+        return f"per-tile dispatch: {', '.join(parts)}  (gate: > 2)"
+    base = "opt2" if "opt2" in totals else next(iter(totals))
+    parts = [f"{v} / {base} = {ratio(v, base)}" for v in totals if v != base]
+    return f"per-tile dispatch, tile {tile}: {', '.join(parts)}"
+
+
+def dispatch_per_tile(runs: Any, op_log_opt3: pd.DataFrame | None = None, tile: int = 1,
                       ax: plt.Axes | None = None) -> plt.Axes:
-    """Stacked bars: the DISPATCH cycles of each command of one tile, opt2 beside opt3.
+    """Stacked bars: the DISPATCH cycles of each command of one tile, one bar per variant.
+
+    Args:
+        runs: a ``decode.Comparison``, or a dict name -> op_log (or run), drawn
+            top to bottom in that order. The old call
+            ``dispatch_per_tile(op_log_opt2, op_log_opt3, tile=1)`` still works.
+        op_log_opt3: the second op_log of the old call only.
+        tile: which tile's commands.
+        ax: Axes to draw on (a new constrained-layout figure when ``None``).
 
     Returns:
-        The Axes.
+        The Axes. Each segment is labelled with its command and cycles where
+        the label fits inside it (split over lines, then smaller, then the
+        cycles alone, else no label).
+
+    Raises:
+        ValidationError: no variants, or a variant without DISPATCH stages for ``tile``.
     """
+    named = _named_runs(runs, op_log_opt3, "dispatch_per_tile")
+    logs = {name: _run_parts(x)[0] for name, x in named.items()}
     if ax is None:
-        _, ax = plt.subplots(figsize=(9, 2.8))
+        ax = _new_axes((9.5, 0.9 + 0.9 * len(logs)))
     cmap = plt.get_cmap("tab20")
     labels_seen: dict[str, tuple] = {}
-    totals, names = [], []
-    for row, (name, df) in enumerate((("opt2", op_log_opt2), ("opt3", op_log_opt3))):
+    totals: dict[str, int] = {}
+    names = []
+    texts = []
+    for row, (name, df) in enumerate(logs.items()):
         d = df[(df["stage"] == "DISPATCH") & (df["iter"] == tile)].sort_values("cmd")
         if d.empty:
             raise ValidationError(f"{name}: no DISPATCH stages with iter {tile}")
         names.append(f"{name} ({len(d)} cmds)")
         left = 0
-        for lab, cyc in zip(d["label"], d["end"] - d["start"]):
+        for lab, cyc in zip(d["label"].astype(str), (d["end"] - d["start"]).astype(int)):
             color = labels_seen.setdefault(lab, cmap(len(labels_seen) % 20))
-            ax.barh(row, cyc, left=left, color=color, edgecolor="white", linewidth=0.8)
-            if cyc >= 25:
-                ax.text(left + cyc / 2, row, f"{lab}\n{cyc}", ha="center", va="center", fontsize=7)
+            bar = ax.barh(row, cyc, left=left, color=color, edgecolor="white", linewidth=0.8)[0]
+            if cyc > 0:
+                texts.append((ax.text(left + cyc / 2, row, f"{lab}\n{cyc}", ha="center", va="center", fontsize=7),
+                              bar, lab, cyc))
             left += cyc
-        totals.append(left)
-        ax.text(left + 4, row, f"{left} cycles", va="center", fontsize=9)
-    ax.set_yticks([0, 1])
+        totals[name] = left
+        ax.text(left, row, f"  {left} cycles", va="center", fontsize=9)
+    ax.set_yticks(range(len(logs)))
     ax.set_yticklabels(names)
-    ax.set_ylim(1.6, -0.6)
-    ax.set_xlim(0, max(totals) * 1.15)
+    ax.set_ylim(len(logs) - 0.4, -0.6)
+    ax.set_xlim(0, max(max(totals.values()), 1) * 1.16)
     ax.set_xlabel(f"PE_CPU dispatch cycles for tile {tile}")
-    ax.set_title(f"per-tile dispatch: opt3 / opt2 = {totals[1] / totals[0]:.2f}  (gate: > 2)", loc="left",
-                 fontsize=10)
+    cycle_axis(ax.xaxis)
+    ax.set_title(_dispatch_title(totals, tile), loc="left", fontsize=10)
+    _fit_labels(ax, texts)
     return ax
 
 
-def scaling(sweep_df: pd.DataFrame, ax: plt.Axes | None = None, x: str = "kv_len") -> plt.Axes:
-    """End-to-end cycles (solid) and total dispatch cycles (dashed) of each variant against ``x``.
+def _fit_labels(ax: plt.Axes, texts: list) -> None:
+    """Make every bar label fit inside its bar: split the name over lines, shrink, drop the name, or drop
+    the label. Measured after the figure's layout, so the sizes are the ones that will be drawn."""
+    if not texts:
+        return
+    fig = ax.figure
+    fig.draw_without_rendering()
+    renderer = fig.canvas.get_renderer()
+
+    def fits(t, bar) -> bool:
+        tb, bb = t.get_window_extent(renderer), bar.get_window_extent(renderer)
+        return tb.width <= bb.width - 6 and tb.height <= bb.height - 2
+
+    for t, bar, lab, cyc in texts:
+        tries = [(f"{lab}\n{cyc}", 7), ("\n".join(lab.split()) + f"\n{cyc}", 7),
+                 ("\n".join(lab.split()) + f"\n{cyc}", 6), (f"{cyc}", 7), (f"{cyc}", 6)]
+        for text, size in tries:
+            t.set_text(text)
+            t.set_fontsize(size)
+            if fits(t, bar):
+                break
+        else:
+            t.set_text("")
+
+
+# --- where the time goes ----------------------------------------------------------------------------------
+def _attribution_frame(table: Any) -> pd.DataFrame:
+    """A long (variant, by, name, cycles) frame from an attribution table or a mapping name -> attribution."""
+    if isinstance(table, pd.DataFrame) and {"variant", "by", "name", "cycles"} <= set(table.columns):
+        return table
+    if isinstance(table, Mapping) and table:
+        frames = []
+        for k, a in table.items():
+            a = getattr(a, "attribution", a)  # an analysis.Explanation
+            if not isinstance(a, pd.DataFrame) or not {"by", "name", "cycles"} <= set(a.columns):
+                break
+            frames.append(a.assign(variant=str(k)))
+        else:
+            return pd.concat(frames, ignore_index=True)
+    raise ValidationError("attribution: pass analysis.attribution_table(...) (columns variant, by, name, cycles) "
+                          "or a dict name -> analysis.attribution(run).")
+
+
+def _color_for(by: str, name: str) -> str:
+    if by == "cause":
+        return CAUSE_COLORS.get(name, "#777777")
+    base = name.rstrip("0123456789")
+    color = ENGINE_COLORS.get(base, "#777777")
+    if base != name:  # a DMA channel: the engine's colour, lighter for higher channels
+        k = int(name[len(base):])
+        rgb = np.array(matplotlib.colors.to_rgb(color))
+        color = matplotlib.colors.to_hex(rgb + (1 - rgb) * min(0.6, 0.3 * k))
+    return color
+
+
+def attribution(table: Any, ax: plt.Axes | None = None, *, by: str = "cause", title: str | None = None,
+                legend: bool = True) -> plt.Axes:
+    """One stacked bar per variant: its critical-path cycles split by cause (or by engine unit).
+
+    Args:
+        table: :func:`kbwork.analysis.attribution_table` output, or a dict
+            name -> :func:`kbwork.analysis.attribution` frame (or Explanation).
+        ax: Axes to draw on (a new constrained-layout figure when ``None``).
+        by: ``"cause"`` or ``"engine"``.
+        title: the Axes title (default says what is drawn).
+        legend: draw the legend of the names present.
+
+    Returns:
+        The Axes. Each bar's segments add up to that variant's end-to-end
+        cycles (written at the bar's end); a segment is labelled with its
+        share when the label fits.
+
+    Raises:
+        ValidationError: a bad ``table`` or ``by``.
+    """
+    if by not in ("cause", "engine"):
+        raise ValidationError(f"attribution: by={by!r}; use 'cause' or 'engine'.")
+    df = _attribution_frame(table)
+    df = df[df["by"] == by]
+    variants = list(dict.fromkeys(df["variant"]))
+    if ax is None:
+        ax = _new_axes((10, 0.9 + 0.55 * len(variants)))
+    names = list(dict.fromkeys(df["name"]))
+    seen: dict[str, None] = {}
+    totals = []
+    texts = []
+    for row, v in enumerate(variants):
+        g = df[df["variant"] == v].set_index("name")["cycles"]
+        left = 0
+        for name in names:
+            c = int(g.get(name, 0))
+            if c <= 0:
+                continue
+            seen[name] = None
+            bar = ax.barh(row, c, left=left, color=_color_for(by, name), edgecolor="white", linewidth=0.6,
+                          label=name)[0]
+            bar.set_gid(f"attribution:{v}:{name}")
+            total = int(g.sum())
+            texts.append((ax.text(left + c / 2, row, f"{100 * c / total:.0f}%", ha="center", va="center",
+                                  fontsize=7, color="white" if by == "cause" and name in ("dependency", "hazard")
+                                  else "black"), bar))
+            left += c
+        totals.append(left)
+        ax.text(left, row, f"  {left:,}", va="center", fontsize=8)
+    ax.set_yticks(range(len(variants)))
+    ax.set_yticklabels(variants)
+    ax.set_ylim(len(variants) - 0.5, -0.5)
+    ax.set_xlim(0, max(totals + [1]) * 1.12)
+    cycle_axis(ax.xaxis)
+    ax.set_xlabel("critical-path cycles (each bar adds up to the variant's end-to-end cycles)")
+    ax.set_title(title if title is not None else f"critical path by {by}", loc="left", fontsize=10)
+    if legend and seen:
+        ax.legend(handles=[Patch(color=_color_for(by, n), label=n) for n in seen], loc="upper left",
+                  bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False, borderaxespad=0.0)
+    fig = ax.figure
+    fig.draw_without_rendering()
+    renderer = fig.canvas.get_renderer()
+    for t, bar in texts:  # a share that does not fit its segment is left out, never drawn across its edges
+        if t.get_window_extent(renderer).width > bar.get_window_extent(renderer).width - 2:
+            t.set_text("")
+    return ax
+
+
+def attribution_figure(table: Any, title: str | None = None) -> plt.Figure:
+    """:func:`attribution` by engine unit above :func:`attribution` by cause, one bar per variant in each.
+
+    Returns:
+        The Figure (two Axes).
+    """
+    df = _attribution_frame(table)
+    n = df["variant"].nunique()
+    fig, (a, b) = plt.subplots(2, 1, figsize=(10.5, 1.6 + 1.1 * n), layout="constrained")
+    attribution(df, ax=a, by="engine", title="critical path by engine unit: which unit's work the path runs through")
+    attribution(df, ax=b, by="cause", title="critical path by cause: what bound the start of each stage on it")
+    a.set_xlabel("")
+    if title:
+        fig.suptitle(title, x=0.01, ha="left", fontsize=11)
+    return fig
+
+
+def what_if(table: pd.DataFrame, ax: plt.Axes | None = None, *, title: str | None = None) -> plt.Axes:
+    """Grouped bars: the end-to-end change when one engine is sped up, per engine, one bar per variant.
+
+    Args:
+        table: :func:`kbwork.analysis.what_if` output, one frame per variant
+            concatenated with a ``variant`` column (without it, one group).
+        ax: Axes to draw on (a new constrained-layout figure when ``None``).
+        title: the Axes title (default names the speedup).
+
+    Returns:
+        The Axes: the x axis is the end-to-end time saved, in % of each
+        variant's baseline (a bar at 0 means that engine is not worth
+        speeding up); each bar is labelled with its %.
+
+    Raises:
+        ValidationError: ``table`` lacks the columns of ``analysis.what_if``.
+    """
+    need = {"engine", "speedup", "baseline_cycles", "cycles"}
+    if not isinstance(table, pd.DataFrame) or not need <= set(table.columns):
+        raise ValidationError(f"plots.what_if: pass analysis.what_if(...) output (columns {', '.join(sorted(need))},"
+                              f" plus 'variant' for several).")
+    df = table if "variant" in table.columns else table.assign(variant="")
+    variants = list(dict.fromkeys(df["variant"]))
+    engines = list(dict.fromkeys(df["engine"]))
+    if ax is None:
+        ax = _new_axes((8.5, 1.2 + 0.22 * len(engines) * (len(variants) + 1)))
+    height = 0.8 / len(variants)
+    colors = plt.get_cmap("tab10")
+    saved_all = []
+    for i, v in enumerate(variants):
+        g = df[df["variant"] == v].set_index("engine")
+        saved = np.array([100.0 * (1 - g.loc[e, "cycles"] / g.loc[e, "baseline_cycles"]) if e in g.index else 0.0
+                          for e in engines])
+        saved_all.extend(saved)
+        y = np.arange(len(engines)) - 0.4 + height * (i + 0.5)
+        bars = ax.barh(y, saved, height=height * 0.92, color=colors(i % 10), label=v or None)
+        for b, s in zip(bars, saved):
+            ax.text(b.get_width(), b.get_y() + b.get_height() / 2, f" {s:.1f}%", va="center", fontsize=7)
+    ax.set_yticks(range(len(engines)))
+    ax.set_yticklabels(engines)
+    ax.set_ylim(len(engines) - 0.5, -0.5)
+    hi = max(saved_all + [1.0])
+    ax.set_xlim(min(0.0, min(saved_all + [0.0]) * 1.2), hi * 1.18)
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.set_xlabel("end-to-end cycles saved (% of the variant's own)")
+    speedups = sorted(set(df["speedup"]))
+    ax.set_title(title if title is not None else
+                 f"which engine, {' / '.join(f'{s:g}' for s in speedups)}x faster, moves end-to-end time",
+                 loc="left", fontsize=10)
+    if any(variants):
+        ax.legend(fontsize=8, loc="lower right", frameon=False)
+    ax.grid(axis="x", alpha=0.3)
+    return ax
+
+
+# --- sweeps ----------------------------------------------------------------------------------------------
+def scaling(sweep_df: pd.DataFrame, ax: plt.Axes | None = None, x: str = "kv_len", *, baseline: str = "opt2",
+            kind: str = "ratio", title: str | None = None) -> plt.Axes:
+    """End-to-end cycles of every variant against ``x``.
 
     ``sweep_df`` is a :func:`kbwork.decode.sweep` result with one value of every other axis.
 
+    Args:
+        kind: ``"ratio"`` (default): each other variant's end-to-end cycles
+            divided by ``baseline``'s, so a few-percent gap is visible (a
+            dotted line at 1 marks a tie); ``"cycles"``: end-to-end (solid)
+            and total dispatch cycles (dashed) on log-log axes.
+        baseline: the variant the ratios divide by.
+        title: the Axes title.
+
     Returns:
-        The Axes (log-log).
+        The Axes (x on a log2 scale).
+
+    Raises:
+        ValidationError: a bad ``kind``, or ``baseline`` not in the sweep.
     """
+    if kind not in ("ratio", "cycles"):
+        raise ValidationError(f"scaling: kind={kind!r}; use 'ratio' or 'cycles'.")
     if ax is None:
-        _, ax = plt.subplots(figsize=(7, 4))
-    colors = {"opt2": "#0072B2", "opt3": "#D55E00"}
-    for variant, g in sweep_df.groupby("variant", sort=True):
-        g = g.sort_values(x)
-        c = colors.get(variant)
-        ax.plot(g[x], g["cycles"], "o-", color=c, label=f"{variant} end-to-end")
-        ax.plot(g[x], g["dispatch_total"], "s--", color=c, alpha=0.7, label=f"{variant} dispatch (PE_CPU)")
+        ax = _new_axes((7, 4))
+    colors = {"opt2": "#0072B2", "opt3": "#D55E00", "a1": "#009E73"}
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
     ax.set_xlabel(x)
-    ax.set_ylabel("cycles")
-    ax.grid(True, which="both", alpha=0.3)
+    if title:
+        ax.set_title(title, loc="left", fontsize=10)
+    if kind == "cycles":
+        for variant, g in sweep_df.groupby("variant", sort=True):
+            g = g.sort_values(x)
+            c = colors.get(variant)
+            ax.plot(g[x], g["cycles"], "o-", color=c, label=f"{variant} end-to-end")
+            ax.plot(g[x], g["dispatch_total"], "s--", color=c, alpha=0.7, label=f"{variant} dispatch (PE_CPU)")
+        ax.set_yscale("log")
+        ax.set_ylabel("cycles")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+        return ax
+    if baseline not in set(sweep_df["variant"]):
+        raise ValidationError(f"scaling: baseline {baseline!r} is not in the sweep (variants: "
+                              f"{', '.join(sorted(set(sweep_df['variant'])))}).")
+    wide = sweep_df.pivot_table(index=x, columns="variant", values="cycles", aggfunc="first").sort_index()
+    ratios = []
+    for variant in [v for v in wide.columns if v != baseline]:
+        r = wide[variant] / wide[baseline]
+        ratios.extend(r.to_numpy())
+        ax.plot(r.index, r.to_numpy(), "o-", color=colors.get(variant), label=f"{variant} / {baseline}")
+        for xv, yv in zip(r.index, r.to_numpy()):
+            ax.annotate(f"{yv:.3f}", (xv, yv), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=7)
+    ax.axhline(1.0, color="black", linestyle=":", linewidth=1)
+    lo, hi = min(ratios + [1.0]), max(ratios + [1.0])
+    pad = max(0.01, 0.15 * (hi - lo))
+    ax.set_ylim(lo - pad, hi + pad)
+    ax.set_xticks(list(wide.index))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:,.0f}"))
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.set_ylabel(f"end-to-end cycles / {baseline}'s  (> 1: {baseline} faster)")
+    ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
+    return ax
+
+
+def ratio_norm(values: Any, center: float = 1.0) -> TwoSlopeNorm:
+    """A colour norm centred on ``center`` whose range is fitted to ``values``: the data's extremes, with
+    ``center`` kept strictly inside (so a table of ratios all above 1 still spans the full colour range)."""
+    v = np.asarray(values, np.float64)
+    v = v[np.isfinite(v)]
+    lo = float(v.min()) if v.size else center
+    hi = float(v.max()) if v.size else center
+    span = max(hi - center, center - lo, 1e-9)
+    # the side without data gets a sliver, so the side with data uses its whole colour ramp
+    vmin = lo if lo < center else center - 0.02 * span
+    vmax = hi if hi > center else center + 0.02 * span
+    return TwoSlopeNorm(vcenter=center, vmin=vmin, vmax=vmax)
+
+
+def ratio_heatmaps(ratios: pd.Series, *, facet: str, row: str, col: str, center: float = 1.0,
+                   label: str = "ratio", cmap: str = "RdBu", fmt: str = "{:.2f}") -> plt.Figure:
+    """One heat map per value of ``facet``, all on one colour scale centred on ``center`` (:func:`ratio_norm`).
+
+    Args:
+        ratios: a Series with a MultiIndex holding the levels ``facet``, ``row`` and ``col``
+            (e.g. ``wide["opt3/opt2"]`` of a pivoted sweep).
+        facet, row, col: the index levels for panels, rows and columns.
+        label: the colour bar's label.
+
+    Returns:
+        The Figure; every cell is written with its value (white on dark cells).
+
+    Raises:
+        ValidationError: the levels are not in the index.
+    """
+    levels = list(ratios.index.names)
+    if not {facet, row, col} <= set(levels):
+        raise ValidationError(f"ratio_heatmaps: the index has levels {levels}; facet/row/col must be among them.")
+    facets = list(dict.fromkeys(ratios.index.get_level_values(facet)))
+    norm = ratio_norm(ratios.to_numpy(), center)
+    fig, axes = plt.subplots(1, len(facets), figsize=(4.3 * len(facets) + 1.2, 3.6), sharey=True,
+                             layout="constrained", squeeze=False)
+    axes = axes[0]
+    cm = plt.get_cmap(cmap)
+    im = None
+    for ax, f in zip(axes, facets):
+        t = ratios.xs(f, level=facet).unstack(col).sort_index()
+        z = t.to_numpy(np.float64)
+        im = ax.imshow(z, cmap=cm, norm=norm, aspect="auto")
+        for (i, j), v in np.ndenumerate(z):
+            r, g, b, _ = cm(norm(v))
+            dark = 0.299 * r + 0.587 * g + 0.114 * b < 0.5
+            ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=9, color="white" if dark else "black")
+        ax.set_xticks(range(t.shape[1]), [f"{c:,}" if isinstance(c, (int, np.integer)) else str(c)
+                                          for c in t.columns])
+        ax.set_yticks(range(t.shape[0]), [str(i) for i in t.index])
+        ax.set_xlabel(col)
+        ax.set_title(f"{facet} = {f}", fontsize=10)
+    axes[0].set_ylabel(row)
+    cbar = fig.colorbar(im, ax=list(axes), label=label)
+    # in proportion to the values (a TwoSlopeNorm bar gives each side of the centre half its length,
+    # which would spend half of it on the sliver below 1 that no cell uses)
+    cbar.ax.set_yscale("linear")
+    cbar.ax.yaxis.set_major_locator(MaxNLocator(nbins=8, steps=[1, 2, 5, 10]))
+    cbar.ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:.2f}"))
+    return fig
+
+
+def cycles_bars(sweep_df: pd.DataFrame, group: str = "hazard_policy", ax: plt.Axes | None = None, *,
+                order: Iterable[Any] | None = None, baseline: str = "opt2", title: str | None = None) -> plt.Axes:
+    """Grouped bars of end-to-end cycles: one group per value of ``group``, one bar per variant.
+
+    Args:
+        sweep_df: :func:`kbwork.decode.sweep` rows with one value of every other axis.
+        group: the sweep column to group by.
+        order: the groups' order; for ``hazard_policy`` the default is the
+            topology's default policy first (strict FIFO, then rw_aware).
+        baseline: each group is labelled with every other variant's cycles over this one's.
+
+    Returns:
+        The Axes; every bar is labelled with its cycles.
+
+    Raises:
+        ValidationError: ``group`` is not a column, or ``order`` misses a group.
+    """
+    from .config import HAZARD_POLICIES
+
+    if group not in sweep_df.columns:
+        raise ValidationError(f"cycles_bars: no column {group!r} in the sweep.")
+    present = list(dict.fromkeys(sweep_df[group]))
+    if order is None:
+        order = [p for p in HAZARD_POLICIES if p in present] if group == "hazard_policy" else sorted(present)
+    order = list(order)
+    if set(order) != set(present):
+        raise ValidationError(f"cycles_bars: order {order} must list exactly the groups {present}.")
+    wide = sweep_df.pivot_table(index=group, columns="variant", values="cycles", aggfunc="first").reindex(order)
+    variants = list(wide.columns)
+    if ax is None:
+        ax = _new_axes((6.5, 3.8))
+    colors = {"opt2": "#0072B2", "opt3": "#D55E00", "a1": "#009E73"}
+    width = 0.8 / len(variants)
+    for i, v in enumerate(variants):
+        xs = np.arange(len(order)) - 0.4 + width * (i + 0.5)
+        bars = ax.bar(xs, wide[v].to_numpy(), width=width * 0.92, color=colors.get(v), label=v)
+        for b in bars:
+            ax.text(b.get_x() + b.get_width() / 2, b.get_height(), f"{b.get_height():,.0f}", ha="center",
+                    va="bottom", fontsize=7)
+    labels = []
+    for g in order:
+        text = str(g)
+        if baseline in wide.columns:
+            text += "".join(f"\n{v}/{baseline} = {wide.loc[g, v] / wide.loc[g, baseline]:.3f}"
+                            for v in variants if v != baseline)
+        labels.append(text)
+    ax.set_xticks(range(len(order)), labels)
+    ax.set_ylim(0, float(np.nanmax(wide.to_numpy())) * 1.12)
+    cycle_axis(ax.yaxis)
+    ax.set_ylabel("end-to-end cycles")
+    ax.set_xlabel(group)
+    if title:
+        ax.set_title(title, loc="left", fontsize=10)
+    ax.legend(fontsize=8, loc="upper right", frameon=False)
     return ax
 
 

@@ -1,0 +1,407 @@
+"""The pictures: each plot draws what it claims, fits in its figure, and takes any number of variants."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+from matplotlib.collections import LineCollection, PolyCollection  # noqa: E402
+from matplotlib.text import Text  # noqa: E402
+
+from kbwork import ValidationError, analysis, decode, plots  # noqa: E402
+from kbwork.oplog import ENGINE_NAMES  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
+
+
+@pytest.fixture(scope="module")
+def cmp3():
+    return decode.compare(kv_len=512, mode="timing", variants=("opt2", "opt3", "a1"))
+
+
+@pytest.fixture(scope="module")
+def rw():
+    return decode.run("opt3", kv_len=512, mode="timing", hazard_policy="rw_aware")
+
+
+def _by_gid(ax, gid):
+    return [c for c in ax.collections if c.get_gid() == gid]
+
+
+def _texts(fig):
+    """Every non-empty text the figure draws: titles, labels, tick labels, legends, annotations."""
+    fig.canvas.draw()
+    out = [t for t in fig.texts if t.get_text()]
+    if fig._suptitle is not None:
+        out.append(fig._suptitle)
+    axes = list(fig.axes)
+    for ax in list(axes):
+        axes.extend(ax.child_axes)
+    for ax in axes:
+        out += [ax.title, ax._left_title, ax._right_title, ax.xaxis.label, ax.yaxis.label]
+        out += _drawn_tick_labels(ax.xaxis, 0) + _drawn_tick_labels(ax.yaxis, 1) + list(ax.texts)
+        if ax.get_legend() is not None:
+            out += list(ax.get_legend().get_texts())
+    for leg in fig.legends:
+        out += list(leg.get_texts())
+    return [t for t in out if isinstance(t, Text) and t.get_visible() and t.get_text().strip()]
+
+
+def _drawn_tick_labels(axis, i):
+    """The tick labels matplotlib draws: those whose tick lies within the view (a locator may place more)."""
+    lo, hi = sorted(axis.get_view_interval())
+    return [t for t in axis.get_ticklabels() if lo - 1e-9 <= t.get_position()[i] <= hi + 1e-9]
+
+
+def assert_nothing_clipped(fig):
+    """Every text lies inside the figure (what a saved PNG shows), to within a pixel."""
+    box = fig.bbox
+    renderer = fig.canvas.get_renderer()
+    for t in _texts(fig):
+        e = t.get_window_extent(renderer)
+        assert e.x0 >= box.x0 - 1 and e.x1 <= box.x1 + 1 and e.y0 >= box.y0 - 1 and e.y1 <= box.y1 + 1, \
+            f"{t.get_text()!r} at {e} is outside the figure {box}"
+
+
+def assert_integer_ticks(axis):
+    assert axis.get_offset_text().get_text() == "", "an offset ('1e6') in the corner"
+    labels = [t.get_text() for t in axis.get_ticklabels() if t.get_text()]
+    assert labels
+    for lab in labels:
+        assert lab.replace(",", "").lstrip("−-").isdigit(), f"tick label {lab!r} is not a whole number"
+
+
+# --- the Gantt ---------------------------------------------------------------------------------------------
+def test_v_tiles_are_hatched_and_k_tiles_are_not(cmp3):
+    log = cmp3.opt2.op_log
+    ax = plots.gantt(log)
+    hatched = [c for c in ax.collections if isinstance(c, PolyCollection) and c.get_hatch()]
+    assert {c.get_gid() for c in hatched} == {"stages:PE_DMA:////", "stages:PE_GEMM:////"}
+    base = log["tensor"].astype(str).str.rsplit("|", n=1).str[-1].str.split("[").str[0]
+    moves = log["stage"].isin(["DMA_READ", "DMA_WRITE", "FETCH"])
+    is_v = (moves & (base == "V")).to_numpy()
+    assert sum(len(c.get_paths()) for c in hatched) == is_v.sum() == 2 * cmp3.opt2.n_tiles
+    # the K tiles are in the plain DMA collection: as many K reads as tiles
+    plain_dma = _by_gid(ax, "stages:PE_DMA")[0]
+    k_reads = (log["stage"] == "DMA_READ") & (base == "K")
+    assert len(plain_dma.get_paths()) == int(((log["engine"] == "PE_DMA") & ~pd.Series(is_v)).sum())
+    assert int(k_reads.sum()) == cmp3.opt2.n_tiles
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "V tiles (hatched)" in labels
+    assert not [c for c in plots.gantt(log, hatch=None).collections if c.get_hatch()]
+
+
+def test_a_hold_marker_per_hold_on_the_held_command_s_row(rw):
+    run = rw.run
+    holds = run.holds()
+    assert len(holds) > 5
+    ax = plots.gantt(run.op_log, holds=holds)
+    (coll,) = _by_gid(ax, "holds")
+    segs = coll.get_segments()
+    assert len(segs) == len(holds)
+    np.testing.assert_array_equal([s[0][0] for s in segs], holds["plan_end"])
+    np.testing.assert_array_equal([s[1][0] for s in segs], holds["release"])
+    # each on the row of the unit that ran its command's first plan stage, in the gap just below it
+    log = run.op_log
+    for (x, y), cmd in zip([s[0] for s in segs], holds["cmd"]):
+        work = log[(log.cmd == cmd) & ~log.stage.isin(["DISPATCH", "PLAN"])].sort_values(["start", "seq"])
+        row = ENGINE_NAMES.index(str(work.iloc[0].engine))
+        assert row < y < row + 0.5
+    # a window keeps the holds that overlap it
+    lo, hi = plots.tile_window(log, [1])
+    ax = plots.gantt(log, window=(lo, hi), holds=holds)
+    inside = ((holds.release >= lo) & (holds.plan_end <= hi)).sum()
+    assert len(_by_gid(ax, "holds")[0].get_segments()) == inside > 0
+
+
+def test_the_critical_path_is_outlined_stage_by_stage_and_linked_where_it_changes_unit(rw):
+    run = rw.run
+    cp = run.critical_path()
+    ax = plots.gantt(run.op_log, critical_path=cp)
+    (outline,) = _by_gid(ax, "critical-path")
+    assert len(outline.get_paths()) == len(cp)
+    (links,) = _by_gid(ax, "critical-path-links")
+    changes = (cp["engine"].astype(str).to_numpy()[1:] != cp["engine"].astype(str).to_numpy()[:-1])
+    assert len(links.get_segments()) == int(changes.sum())
+    # each link stands at the start of the stage it leads to, coloured by that stage's cause
+    starts = cp["start"].to_numpy()[1:][changes]
+    assert [s[0][0] for s in links.get_segments()] == list(starts)
+    colors = [matplotlib.colors.to_hex(c) for c in links.get_colors()]
+    causes = cp["cause"].astype(str).to_numpy()[1:][changes]
+    assert colors == [plots.CAUSE_COLORS[c].lower() for c in causes]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "critical path" in labels and "  link: hazard" in labels
+
+
+def test_gantt_rejects_what_is_not_holds_or_a_critical_path(cmp3):
+    with pytest.raises(ValidationError, match="holds must be a DataFrame"):
+        plots.gantt(cmp3.opt2.op_log, holds=[1, 2])
+    with pytest.raises(ValidationError, match="critical path must be a DataFrame"):
+        plots.gantt(cmp3.opt2.op_log, critical_path=cmp3.opt2.op_log.drop(columns="start"))
+
+
+def test_cycle_ticks_are_whole_numbers_without_an_offset():
+    r = decode.run("opt2", kv_len=65536, mode="timing")  # over a million cycles
+    assert r.cycles > 1_000_000
+    ax = plots.gantt(r.op_log, legend=False)
+    ax.figure.canvas.draw()
+    assert_integer_ticks(ax.xaxis)
+    lo, hi = plots.tile_window(r.op_log, [400])  # a narrow window far from 0
+    ax = plots.gantt(r.op_log, window=(lo, hi))
+    ax.figure.canvas.draw()
+    assert_integer_ticks(ax.xaxis)
+
+
+def test_100k_stages_with_hatches_holds_and_a_path_stay_a_handful_of_collections():
+    n = 100_000
+    rng = np.random.default_rng(0)
+    engines = np.array(ENGINE_NAMES)[rng.integers(0, 5, n)]
+    stages = np.where(engines == "PE_DMA", "DMA_READ", "MATH")
+    tensors = np.where(engines == "PE_DMA", np.where(rng.integers(0, 2, n) == 1, "V[0:128]", "K[0:128]"), "")
+    start = np.arange(n) * 10
+    log = pd.DataFrame({"seq": range(n), "cmd": np.arange(n) // 4, "iter": -1, "label": "x", "stage": stages,
+                        "engine": engines, "op_kind": "", "phase": "tile", "tile": 0, "k_tile": 0,
+                        "tensor": tensors, "bytes": 0, "ready": start, "start": start, "end": start + 7})
+    holds = pd.DataFrame({"cmd": np.arange(0, n // 4, 3), "label": "x"})
+    holds["plan_end"] = holds["cmd"] * 40
+    holds["release"] = holds["plan_end"] + 25
+    cp = log.iloc[::7].assign(cause=pd.Categorical(["dependency"] * len(log.iloc[::7])))
+    ax = plots.gantt(log, holds=holds, critical_path=cp)
+    polys = [c for c in ax.collections if isinstance(c, PolyCollection)]
+    lines = [c for c in ax.collections if isinstance(c, LineCollection)]
+    assert len(polys) == 5 + 1 + 1  # a collection per unit, the hatched V reads, the path outline
+    assert len(lines) == 2          # holds and path links
+    assert sum(len(c.get_paths()) for c in polys if c.get_gid().startswith("stages")) == n
+
+
+def test_a_run_gantt_names_its_run_and_keeps_every_label_inside_the_figure(tmp_path):
+    from kbwork.cli import main
+
+    path = tmp_path / "g.png"
+    captured = {}
+    orig = plots.gantt_or_utilization
+
+    def spy(*args, **kw):
+        captured["ax"] = ax = orig(*args, **kw)
+        return ax
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(plots, "gantt_or_utilization", spy)
+    mp.setattr(plt, "close", lambda *a, **k: None)  # keep the figure to look at after the CLI saved it
+    try:
+        assert main(["run", "--variant", "opt3", "--kv-len", "1024", "--mode", "timing", "--gantt", str(path)]) == 0
+    finally:
+        mp.undo()
+    ax = captured["ax"]
+    title = ax.get_title(loc="left")
+    for part in ("opt3", "kv_len 1024", "FIXED 40", "R 0.0625", "strict_fifo", "3 of 8 tiles"):
+        assert part in title
+    assert ax.get_gid() == "gantt"
+    assert_nothing_clipped(ax.figure)
+    assert_integer_ticks(ax.xaxis)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert _by_gid(ax, "holds") and _by_gid(ax, "critical-path")
+
+
+# --- several variants ----------------------------------------------------------------------------------------
+def test_compare_gantt_draws_every_variant_of_a_comparison(cmp3):
+    fig = plots.compare_gantt(cmp3, tiles=2, holds=True, critical_path=True)
+    panels = [ax for ax in fig.axes if ax.get_gid() == "gantt"]
+    assert len(panels) == 3
+    titles = [ax.get_title(loc="left") for ax in panels]
+    for ax, (v, r) in zip(panels, cmp3.runs.items()):
+        title = ax.get_title(loc="left")
+        assert title.startswith(f"{v} ({len(r.command_bytes_per_tile)} commands per tile)")
+        assert f"{r.cycles:,} cycles" in title
+        assert _by_gid(ax, "critical-path") and _by_gid(ax, "holds")
+    assert "kv_len 512" in fig._suptitle.get_text() and "strict_fifo" in fig._suptitle.get_text()
+    assert len(fig.legends) == 1 and len(set(titles)) == 3
+    assert_nothing_clipped(fig)
+
+
+def test_compare_gantt_takes_a_dict_and_the_old_two_op_log_call(cmp3):
+    fig = plots.compare_gantt({"opt2": cmp3.opt2.op_log, "a1": cmp3.a1.op_log}, tiles=2)
+    assert [ax.get_title(loc="left").split(" (")[0] for ax in fig.axes if ax.get_gid() == "gantt"] == ["opt2", "a1"]
+    old = plots.compare_gantt(cmp3.opt2.op_log, cmp3.opt3.op_log, 2)
+    assert [ax.get_title(loc="left") for ax in old.axes if ax.get_gid() == "gantt"] == [
+        "opt2 (2 commands per tile): first 2 tiles", "opt3 (10 commands per tile): first 2 tiles"]
+    with pytest.raises(ValidationError, match="need runs"):
+        plots.compare_gantt({"opt2": cmp3.opt2.op_log}, critical_path=True)
+    with pytest.raises(ValidationError, match="pass the second too"):
+        plots.compare_gantt(cmp3.opt2.op_log)
+    with pytest.raises(ValidationError, match="no variants"):
+        plots.compare_gantt({})
+
+
+def test_dispatch_per_tile_for_any_number_of_variants(cmp3):
+    ax = plots.dispatch_per_tile(cmp3, tile=1)
+    widths = [p.get_width() for p in ax.patches]
+    assert sum(widths) == 103 + 425 + 143
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["opt2 (2 cmds)", "opt3 (10 cmds)", "a1 (3 cmds)"]
+    title = ax.get_title(loc="left")
+    assert "opt3 / opt2 = 4.13" in title and "a1 / opt2 = 1.39" in title
+    old = plots.dispatch_per_tile(cmp3.opt2.op_log, cmp3.opt3.op_log, tile=1)
+    assert sum(p.get_width() for p in old.patches) == 103 + 425
+    two = plots.dispatch_per_tile({"opt3": cmp3.opt3.op_log, "a1": cmp3.a1.op_log}, tile=1)
+    assert "a1 / opt3 = 0.34" in two.get_title(loc="left")
+
+
+@pytest.mark.parametrize("width", [9.5, 6.0, 3.5])
+def test_dispatch_bar_labels_stay_inside_their_bars(cmp3, width):
+    fig, ax = plt.subplots(figsize=(width, 2.6), layout="constrained")
+    plots.dispatch_per_tile(cmp3, tile=1, ax=ax)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    bars = list(ax.patches)
+    labels = [t for t in ax.texts if t.get_text() and "cycles" not in t.get_text()]
+    assert labels
+    for t in labels:
+        e = t.get_window_extent(renderer)
+        x, y = e.x0 + e.width / 2, e.y0 + e.height / 2
+        bar = next(b for b in bars if b.get_window_extent(renderer).contains(x, y))
+        be = bar.get_window_extent(renderer)
+        assert be.x0 <= e.x0 and e.x1 <= be.x1, f"{t.get_text()!r} overruns its bar"
+    if width == 9.5:  # at the default size every command is named
+        names = " ".join(t.get_text() for t in labels)
+        assert "mul_bcast" in names and "exp_diff" in names
+
+
+# --- long runs ---------------------------------------------------------------------------------------------
+def test_utilization_over_time_plot_is_the_data():
+    r = decode.run("opt3", kv_len=2048, mode="timing")
+    util = analysis.utilization_over_time(r.op_log, bins=40)
+    ax = plots.utilization_over_time(util, end=r.cycles)
+    (mesh,) = [c for c in ax.collections if c.get_gid() == "utilization"]
+    np.testing.assert_allclose(np.asarray(mesh.get_array()).reshape(len(util.columns), len(util)), util.T.to_numpy())
+    assert [t.get_text() for t in ax.get_yticklabels()] == list(util.columns)
+    assert ax.get_xlim() == (0.0, float(r.cycles))
+    assert_integer_ticks(ax.xaxis)
+    assert_nothing_clipped(ax.figure)
+    with pytest.raises(ValidationError, match="utilization_over_time"):
+        plots.utilization_over_time(util.iloc[:0])
+
+
+def test_gantt_or_utilization_switches_when_a_row_has_more_stages_than_pixels():
+    r = decode.run("opt3", kv_len=32768, mode="timing")
+    log = r.op_log
+    few = plots.tile_window(log, range(3))
+    assert not plots.too_dense(log, few, 1000)
+    assert plots.too_dense(log, None, 1000)
+    assert plots.gantt_or_utilization(log, window=few).get_gid() == "gantt"
+    ax = plots.gantt_or_utilization(log, dpi=120)
+    assert ax.get_gid() == "utilization"
+    assert "iteration" in ax.get_xlabel()  # bins hold whole tiles
+    (mesh,) = [c for c in ax.collections if c.get_gid() == "utilization"]
+    busy = np.asarray(mesh.get_array()).reshape(5, -1)
+    # steady state: away from the start and the end, a periodic schedule's bins are equally busy
+    mid = busy[:, 20:-20]
+    assert np.ptp(mid, axis=1).max() < 1e-9
+
+
+def test_the_cli_gantt_draws_utilization_when_the_tiles_hold_more_stages_than_pixels(tmp_path, capsys,
+                                                                                    monkeypatch):
+    from kbwork.cli import main
+
+    calls = []
+    orig = plots.utilization_over_time
+    monkeypatch.setattr(plots, "utilization_over_time", lambda *a, **k: calls.append(1) or orig(*a, **k))
+    path = tmp_path / "long.png"
+    argv = ["run", "--variant", "opt3", "--kv-len", "32768", "--mode", "timing", "--gantt", str(path)]
+    assert main(argv) == 0
+    assert not calls and "utilisation" not in capsys.readouterr().err  # three tiles: a Gantt
+    assert main(argv + ["--gantt-tiles", "all"]) == 0
+    assert len(calls) == 1
+    assert "draws utilisation over time instead" in capsys.readouterr().err
+    assert path.stat().st_size > 0
+    # compare --gantt switches per panel the same way
+    assert main(["compare", "--kv-len", "32768", "--mode", "timing", "--gantt", str(path),
+                 "--gantt-tiles", "all"]) == 0
+    assert len(calls) == 3
+    assert "draws utilisation over time instead" in capsys.readouterr().err
+
+
+# --- where the time goes -----------------------------------------------------------------------------------
+def test_attribution_bars_add_up_to_each_variant_s_cycles(cmp3):
+    table = analysis.attribution_table(cmp3)
+    for by in ("cause", "engine"):
+        ax = plots.attribution(table, by=by)
+        assert [t.get_text() for t in ax.get_yticklabels()] == list(cmp3.variants)
+        for v, r in cmp3.runs.items():
+            bars = [p for p in ax.patches if p.get_gid().startswith(f"attribution:{v}:")]
+            assert sum(b.get_width() for b in bars) == r.cycles
+            assert all(b.get_width() > 0 for b in bars)
+        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        names = table[(table.by == by) & (table.cycles > 0)]["name"].unique()
+        assert sorted(legend) == sorted(names)
+        assert by in ax.get_title(loc="left")
+    fig = plots.attribution_figure(table, title="t")
+    assert len([a for a in fig.axes if a.patches]) == 2
+    assert_nothing_clipped(fig)
+    # a dict name -> attribution draws the same bars
+    ax2 = plots.attribution({v: analysis.attribution(r.run) for v, r in cmp3.runs.items()}, by="cause")
+    assert [p.get_width() for p in ax2.patches] == [p.get_width() for p in plots.attribution(table).patches]
+    with pytest.raises(ValidationError, match="by="):
+        plots.attribution(table, by="unit")
+    with pytest.raises(ValidationError, match="attribution_table"):
+        plots.attribution(cmp3.opt2.op_log)
+
+
+def test_what_if_bars_are_the_saved_share(cmp3):
+    rows = [analysis.what_if(r, speedup=2).assign(variant=v) for v, r in cmp3.runs.items()]
+    table = pd.concat(rows, ignore_index=True)
+    ax = plots.what_if(table)
+    widths = [p.get_width() for p in ax.patches]
+    assert len(widths) == len(table)
+    expected = [100 * (1 - row.cycles / row.baseline_cycles) for v in cmp3.variants
+                for row in table[table.variant == v].itertuples()]
+    np.testing.assert_allclose(widths, expected)
+    assert "2x faster" in ax.get_title(loc="left")
+    assert_nothing_clipped(ax.figure)
+    with pytest.raises(ValidationError, match="analysis.what_if"):
+        plots.what_if(table.drop(columns="cycles"))
+
+
+def test_scaling_shows_the_ratio_and_cycles_bars_put_strict_fifo_first():
+    sw = decode.sweep(kv_len=[256, 1024], hazard_policy=["rw_aware", "strict_fifo"], progress=False)
+    strict = sw[sw.hazard_policy == "strict_fifo"]
+    ax = plots.scaling(strict, title="ratio")
+    ratio = strict[strict.variant == "opt3"].cycles.to_numpy() / strict[strict.variant == "opt2"].cycles.to_numpy()
+    np.testing.assert_allclose(ax.lines[0].get_ydata(), ratio)
+    lo, hi = ax.get_ylim()
+    assert lo < 1 < hi and hi - lo < 0.5  # a few percent fills the height
+    with pytest.raises(ValidationError, match="baseline"):
+        plots.scaling(strict, baseline="b9")
+    ax = plots.cycles_bars(sw[sw.kv_len == 1024])
+    groups = [t.get_text().split("\n")[0] for t in ax.get_xticklabels()]
+    assert groups == ["strict_fifo", "rw_aware"]
+    heights = [p.get_height() for p in ax.patches]
+    one = sw[sw.kv_len == 1024].set_index(["hazard_policy", "variant"]).cycles
+    assert heights == [one["strict_fifo", "opt2"], one["rw_aware", "opt2"],
+                       one["strict_fifo", "opt3"], one["rw_aware", "opt3"]]
+    assert_integer_ticks(ax.yaxis)
+
+
+def test_ratio_heatmaps_centre_the_colour_scale_on_one_and_fit_it_to_the_data():
+    idx = pd.MultiIndex.from_product([[0, 40], [64, 128], [1024, 4096]], names=["fixed_cycles", "tile", "kv_len"])
+    ratios = pd.Series(np.linspace(1.02, 1.20, len(idx)), index=idx)
+    fig = plots.ratio_heatmaps(ratios, facet="fixed_cycles", row="tile", col="kv_len", label="r")
+    images = [a.images[0] for a in fig.axes if a.images]
+    assert len(images) == 2
+    norm = images[0].norm
+    assert norm.vcenter == 1.0 and norm.vmax == pytest.approx(1.20) and 0.99 < norm.vmin < 1.0
+    # the smallest ratio is pale, the largest saturated: the range is not washed out
+    assert norm(1.20) == pytest.approx(1.0) and norm(1.02) > 0.5
+    texts = [t.get_text() for a in fig.axes for t in a.texts]
+    assert "1.02" in texts and "1.20" in texts
+    assert_nothing_clipped(fig)
+    with pytest.raises(ValidationError, match="levels"):
+        plots.ratio_heatmaps(ratios, facet="nope", row="tile", col="kv_len")
