@@ -457,3 +457,197 @@ def test_no_traceback_reaches_the_terminal(argv, pattern, tmp_path):
     assert re.search(pattern, p.stderr), p.stderr
     assert "Traceback" not in p.stderr
     assert list(tmp_path.iterdir()) == [], "nothing written"
+
+
+# --- the kernel language, host data and results ---------------------------------------------------------
+def _kernel_case(body, mode: str = "data", **topo):
+    """A run of ``body(tl, A, B, C)`` on a fresh simulator (A 8x16, B 16x8 fp32 in HBM, C 8x8 out)."""
+    def go():
+        sim = Simulator(mode=mode, **topo)
+        A = sim.hbm("A", np.ones((8, 16), np.float32))
+        B = sim.hbm("B", np.ones((16, 8), np.float32))
+        C = sim.hbm("C", shape=(8, 8))
+        return sim.run(lambda tl: body(tl, A, B, C))
+    return go
+
+
+def _merge_state(tl, m_shape=(8, 1)):
+    return dict(s=tl.alloc((8, 16), name="s"), m=tl.alloc(m_shape, name="m"), l=tl.alloc((8, 1), name="l"),
+                O=tl.alloc((8, 8), name="O"))
+
+
+_OP = kbwork.OpSpec
+KERNEL_CASES = [
+    pytest.param(lambda tl, A, B, C: tl.composite(), r"op=None; use op='gemm' or op='math'", id="composite-no-op"),
+    pytest.param(lambda tl, A, B, C: tl.composite(op=["gemm"]), r"op=\['gemm'\]", id="composite-op-list"),
+    pytest.param(lambda tl, A, B, C: tl.composite(op="gemm", a="A", b=B, out=C), r"a= must be a tensor handle, got 'A'",
+                 id="gemm-a-string"),
+    pytest.param(lambda tl, A, B, C: tl.composite(op="gemm", a=A, b=A, out=C), r"shape mismatch: a=A .* b=A",
+                 id="gemm-shapes"),
+    pytest.param(lambda tl, A, B, C: tl.composite(op="gemm", a=A, b=B, out=C, trans_b="yes"),
+                 r"trans_b must be True or False, got 'yes'", id="gemm-trans-b-string"),
+    pytest.param(lambda tl, A, B, C: tl.composite(op="gemm", a=A, b=B), r"out= must be a tensor handle, got None",
+                 id="gemm-no-out"),
+    pytest.param(lambda tl, A, B, C: tl.composite(op="math", math_op="foo", a=A, out=C), r"math_op='foo' is unknown",
+                 id="math-op-unknown"),
+    pytest.param(lambda tl, A, B, C: tl.composite(op="math", math_op="copy", a=A, b=A, out=tl.alloc((8, 16), name="x")),
+                 r"math op 'copy' takes 1 operand", id="math-too-many-operands"),
+    pytest.param(lambda tl, A, B, C: tl.composite(op="math", math_op="copy", a=A, out=tl.alloc((8, 16), name="x"),
+                                                  value=3.0), r"scalars \['value'\] do not match; copy takes none",
+                 id="math-stray-scalar"),
+    pytest.param(lambda tl, A, B, C: tl.composite(op="math", math_op="fill", out=tl.alloc((2, 2), name="x")),
+                 r"scalars \[\] do not match; fill takes value", id="fill-without-value"),
+    pytest.param(lambda tl, A, B, C: tl.composite(op="gemm", a=A, b=B, out=C, epilogue={"op": "scale", "factor": 2}),
+                 r"epilogue= must be a list, got dict.*wrap the dict in a list", id="epilogue-dict"),
+    pytest.param(lambda tl, A, B, C: tl.composite(op="gemm", a=A, b=B, out=C, epilogue=[{"op": ["scale"]}]),
+                 r"epilogue\[0\]: 'op' must name an op or recipe", id="epilogue-op-list"),
+    pytest.param(lambda tl, A, B, C: tl.composite(op="gemm", a=A, b=B, out=C,
+                                                  epilogue=[{"op": "scale", "factor": 2, "scope": "tile"}]),
+                 r"epilogue\[0\]: scope 'tile' is unknown", id="epilogue-scope"),
+    pytest.param(lambda tl, A, B, C: tl.composite(op="gemm", a=A, b=B, out=C, epilogue=[{"op": "add", "other": C}]),
+                 r"epilogue operand other=C is in HBM.*tl\.load", id="epilogue-hbm-operand"),
+    pytest.param(lambda tl, A, B, C: tl.composite(op="gemm", a=A, b=B, out=C, epilogue=[{"op": "scale", "factor": 2,
+                                                                                          "bogus": 1}]),
+                 r"operands \['bogus'\] do not match; scale takes no operands", id="epilogue-unknown-key"),
+    pytest.param(lambda tl, A, B, C: tl.composite(op="gemm", a=A, b=B, out=C, epilogue=[{"op": "gemm"}]),
+                 r"epilogue\[0\]: unknown op 'gemm'", id="epilogue-gemm"),
+    pytest.param(lambda tl, A, B, C: tl.composite(op="gemm", a=A, b=B, out=C, epilogue=[{"op": "scale",
+                                                                                          "factor": None}]),
+                 r"op 1 \(scale\): factor=None; give it a number", id="epilogue-factor-none"),
+    pytest.param(lambda tl, A, B, C: tl.composite(ops=5), r"ops=\.\.\.\): ops must be a list, got int", id="ops-int"),
+    pytest.param(lambda tl, A, B, C: tl.composite(ops=["x"]), r"item 0 is str, not an OpSpec", id="ops-item-str"),
+    pytest.param(lambda tl, A, B, C: tl.composite(ops=[]), r"a composite needs at least one op", id="ops-empty"),
+    pytest.param(lambda tl, A, B, C: tl.composite(ops=[_OP("copy", operands=[A])]), r"OpSpec 'copy': operands must "
+                 r"be a dict", id="opspec-operands-list"),
+    pytest.param(lambda tl, A, B, C: tl.composite(ops=[_OP(5)]), r"OpSpec kind must be an op name", id="opspec-kind"),
+    pytest.param(lambda tl, A, B, C: tl.composite(ops=[_OP("copy", scope="bad")]), r"scope 'bad' is unknown",
+                 id="opspec-scope"),
+    pytest.param(lambda tl, A, B, C: tl.composite(ops=[_OP("fill", extra={"value": None},
+                                                           out=tl.alloc((2, 2), name="q"))]),
+                 r"op 0 \(fill\): value=None", id="opspec-scalar-none"),
+    pytest.param(lambda tl, A, B, C: tl.composite(ops=[_OP("gemm", operands={"a": A, "b": B}, out=C,
+                                                           extra={"m": 8.0, "k": 16, "n": 8, "trans_b": False})]),
+                 r"m, k, n must be ints and trans_b a bool; got m=8\.0", id="opspec-gemm-float-m"),
+    pytest.param(lambda tl, A, B, C: tl.composite(ops=[_OP("copy", operands={"a": kbwork.Handle(
+                 "h", kbwork.Space.TCM, 0, (2, 2), "fp32", True)}, out=tl.alloc((2, 2), name="q"))]),
+                 r"handle 'h' was not made by this simulator", id="opspec-hand-built-handle"),
+    pytest.param(lambda tl, A, B, C: tl.composite(ops=[_OP("gemm", operands={"a": A, "b": B}, out=C,
+                                                           extra={"m": 8, "k": 16, "n": 8, "trans_b": False}),
+                                                       _OP("gemm", operands={"a": A, "b": B}, out=C,
+                                                           extra={"m": 8, "k": 16, "n": 8, "trans_b": False})]),
+                 r"2 GEMM ops .* at most one GEMM", id="two-gemms"),
+    pytest.param(lambda tl, A, B, C: tl.composite(op="gemm", a=A, b=B, out=C, rw_handles=["x"]),
+                 r"rw_handles holds 'x', which is not a tensor handle", id="rw-handles-string"),
+    pytest.param(lambda tl, A, B, C: tl.composite(op="gemm", a=A, b=B, out=C, label=5), r"label= must be a string",
+                 id="label-int"),
+    pytest.param(lambda tl, A, B, C: tl.alloc("abc", name="x"), r"tensor 'x': shape 'abc' is not a tuple of ints",
+                 id="alloc-shape-string"),
+    pytest.param(lambda tl, A, B, C: tl.alloc((2.5, 3), name="x"), r"tensor 'x': shape .* must hold ints only",
+                 id="alloc-float-shape"),
+    pytest.param(lambda tl, A, B, C: tl.alloc((2, 2, 2), name="x"), r"tensor 'x': shape \(2, 2, 2\) must be 1-D or 2-D",
+                 id="alloc-3d"),
+    pytest.param(lambda tl, A, B, C: tl.alloc((0, 2), name="x"), r"shape \(0, 2\) must be 1-D or 2-D with positive",
+                 id="alloc-zero"),
+    pytest.param(lambda tl, A, B, C: tl.alloc((2, 2), "int8", name="x"), r"dtype 'int8' is not supported",
+                 id="alloc-dtype"),
+    pytest.param(lambda tl, A, B, C: tl.alloc((2, 2), name=5), r"tensor names must be non-empty strings, got 5",
+                 id="alloc-name-int"),
+    pytest.param(lambda tl, A, B, C: tl.alloc((10 ** 6, 10 ** 6), name="x"), r"tensor 'x' of shape .* needs "
+                 r"4000000000000 B", id="alloc-huge"),
+    pytest.param(lambda tl, A, B, C: tl.full((2, 2), "1", name="x"), r"value='1' \(str\) is not a real number",
+                 id="full-value-string"),
+    pytest.param(lambda tl, A, B, C: tl.full((2, 2), float("nan"), name="x"), r"value is NaN", id="full-nan"),
+    pytest.param(lambda tl, A, B, C: tl.full((2, 2), 7e4, "fp16", name="x"), r"value=70000\.0 overflows out=x's dtype "
+                 r"fp16", id="full-overflow-fp16"),
+    pytest.param(lambda tl, A, B, C: tl.load(tl.alloc((2, 2), name="x")), r"tl\.load expects a HBM handle",
+                 id="load-tcm"),
+    pytest.param(lambda tl, A, B, C: tl.store(tl.alloc((2, 2), name="x"), C), r"tl\.store x -> C: shapes/dtypes "
+                 r"differ", id="store-shapes"),
+    pytest.param(lambda tl, A, B, C: tl.wait(0), r"tl\.wait expects the Completion of an emitted command, got 0",
+                 id="wait-int"),
+    pytest.param(lambda tl, A, B, C: tl.wait(kbwork.Completion(5)), r"Completion\(cmd=5\) names no emitted command",
+                 id="wait-future"),
+    pytest.param(lambda tl, A, B, C: tl.iteration(1.5), r"tl\.iteration expects a non-negative int loop index, got 1\.5",
+                 id="iteration-float"),
+    pytest.param(lambda tl, A, B, C: A[0:4:2], r"handle 'A': only contiguous row slices", id="slice-step"),
+    pytest.param(lambda tl, A, B, C: A[0:100], r"handle 'A': row slice \[0:100\] is empty or out of range",
+                 id="slice-range"),
+    pytest.param(lambda tl, A, B, C: tl.composite(op="gemm", b=B, out=C, prologue=[{"op": "softmax_merge",
+                                                                                   **_merge_state(tl), "x": A}]),
+                 r"recipe 'softmax_merge': unknown operand\(s\) x", id="recipe-unknown-operand"),
+    pytest.param(lambda tl, A, B, C: tl.composite(op="gemm", b=B, out=C, prologue=[{"op": "softmax_merge",
+                                                                                   **{**_merge_state(tl), "s": A}}]),
+                 r"recipe 'softmax_merge': operand s=A is in HBM", id="recipe-hbm-operand"),
+    pytest.param(lambda tl, A, B, C: tl.composite(op="gemm", b=B, out=C, prologue=[{"op": "softmax_merge",
+                                                                                   **_merge_state(tl, (8, 2))}]),
+                 r"op 0 \(rmax, step 1 of recipe 'softmax_merge' in prologue\[0\]\): rmax reduces",
+                 id="recipe-bad-shape"),
+    pytest.param(lambda tl, A, B, C: tl.composite(op="gemm", a=A, b=B, out=C, prologue=[{"op": "softmax_merge",
+                                                                                        **_merge_state(tl)}]),
+                 r"recipe 'softmax_merge' binds the head GEMM's a .* also gives a=A .* D6\.6", id="recipe-explicit-a"),
+    pytest.param(lambda tl, A, B, C: tl.composite(op="math", a=A, prologue=[{"op": "softmax_merge",
+                                                                           **_merge_state(tl)}]),
+                 r"a MATH-only recipe composite is the recipe's ops alone; it takes no a", id="recipe-math-with-a"),
+    pytest.param(lambda tl, A, B, C: tl.composite(op="gemm", a=A, b=B, out=C, epilogue=[{"op": "softmax_merge"}]),
+                 r"recipe 'softmax_merge' can only appear in prologue", id="recipe-in-epilogue"),
+    pytest.param(lambda tl, A, B, C: tl.composite(prologue=[{"op": "rmsnorm", "x": tl.alloc((8, 16), name="x"),
+                                                             "g": tl.alloc((1, 16), name="g"), "eps": "tiny"}],
+                                                  op="gemm", b=B, out=C),
+                 r"recipe 'rmsnorm': eps='tiny' \(str\) is not a real number", id="recipe-param-string"),
+    pytest.param(lambda tl, A, B, C: None, r"emitted no commands", id="kernel-emits-nothing"),
+    pytest.param(lambda tl, A, B, C: (tl.full((1, 1), 0.0, name="x"), tl.wait(kbwork.Completion(1))),
+                 r"names no emitted command", id="wait-on-itself"),
+]
+
+
+@pytest.mark.parametrize("body,pattern", KERNEL_CASES)
+@pytest.mark.parametrize("mode", ["data", "timing"])
+def test_bad_kernel_call(body, pattern, mode):
+    with pytest.raises(KbworkError) as info:
+        _kernel_case(body, mode)()
+    assert isinstance(info.value, (ValidationError, kbwork.SimulationError)), f"{type(info.value)}: {info.value}"
+    assert re.search(pattern, str(info.value)), f"{pattern!r} not in {str(info.value)!r}"
+
+
+HOST_CASES = [
+    pytest.param(lambda s: s.hbm(5, np.ones(3)), r"the name must be a non-empty string, got 5", id="hbm-name-int"),
+    pytest.param(lambda s: s.hbm("x", [[1, 2], [3]]), r"sim\.hbm\('x'\): cannot read the data as an array",
+                 id="hbm-ragged"),
+    pytest.param(lambda s: s.hbm("x", ["a", "b"]), r"sim\.hbm\('x'\): the array holds <U1 values", id="hbm-strings"),
+    pytest.param(lambda s: s.hbm("x", np.array([True])), r"the array holds bool values", id="hbm-bool"),
+    pytest.param(lambda s: s.hbm("x", np.array([1 + 2j])), r"the array is complex", id="hbm-complex"),
+    pytest.param(lambda s: s.hbm("x", np.array([np.inf])), r"the array holds NaN or inf", id="hbm-inf"),
+    pytest.param(lambda s: s.hbm("x", np.array([1e39])), r"values up to 1e\+39 overflow fp32", id="hbm-overflow-fp32"),
+    pytest.param(lambda s: s.hbm("x", np.array([7e4]), dtype="fp16"), r"values up to 7e\+04 overflow fp16",
+                 id="hbm-overflow-fp16"),
+    pytest.param(lambda s: s.hbm("x", np.float32(3)), r"tensor 'x': shape \(\) must be 1-D or 2-D", id="hbm-0d"),
+    pytest.param(lambda s: s.hbm("x", shape=(2.5, 3)), r"tensor 'x': shape .* must hold ints only", id="hbm-float-shape"),
+    pytest.param(lambda s: s.hbm("x", np.ones(3), shape=(4,)), r"shape=\(4,\) disagrees with the array's shape",
+                 id="hbm-shape-disagrees"),
+    pytest.param(lambda s: s.hbm("x"), r"pass an array, or shape=", id="hbm-nothing"),
+    pytest.param(lambda s: (s.hbm("x", shape=(2,)), s.hbm("x", shape=(2,))), r"HBM tensor 'x' already exists",
+                 id="hbm-duplicate"),
+    pytest.param(lambda s: s.hbm("x", shape=(10 ** 6, 10 ** 6)), r"tensor 'x' of shape .* needs 4000000000000 B",
+                 id="hbm-huge"),
+    pytest.param(lambda s: s.run(5), r"Simulator\.run expects a kernel function", id="run-not-callable"),
+    pytest.param(lambda s: s.run(lambda tl: tl.full((1, 1), 0.0, name="x")).read(5),
+                 r"Run\.read expects a tensor handle or a tensor name, got 5", id="read-int"),
+    pytest.param(lambda s: s.run(lambda tl: tl.full((1, 1), 0.0, name="x")).read("y"),
+                 r"no tensor named 'y' in this run; known: x", id="read-unknown"),
+    pytest.param(lambda s: s.run(lambda tl: (tl.full((1, 1), 0.0, name="x"), tl.full((1, 1), 1.0, name="x"))).read("x"),
+                 r"the name 'x' is given to 2 tensors", id="read-ambiguous"),
+]
+
+
+@pytest.mark.parametrize("action,pattern", HOST_CASES)
+def test_bad_host_data_and_results(action, pattern):
+    with pytest.raises(ValidationError) as info:
+        action(Simulator())
+    assert re.search(pattern, str(info.value)), f"{pattern!r} not in {str(info.value)!r}"
+
+
+def test_the_tables_hold_at_least_eighty_distinct_mistakes():
+    tables = dict(toml=TOML_CASES, config=CONFIG_CASES, simulator=SIMULATOR_CASES, decode=DECODE_CASES,
+                  cli=CLI_CASES, bench=BENCH_CASES, kernel=KERNEL_CASES, host=HOST_CASES)
+    ids = [(name, p.id) for name, t in tables.items() for p in t]
+    assert len(ids) == len(set(ids)) and len(ids) >= 80
