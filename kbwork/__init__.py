@@ -6,7 +6,7 @@ Public surface (DESIGN.md §10): :func:`load_topology`, :class:`Simulator`,
 """
 
 from .config import Topology, load_topology
-from .errors import ConfigError, KbworkError, SimulationError, TcmOverflowError, ValidationError
+from .errors import ConfigError, FileError, KbworkError, SimulationError, TcmOverflowError, ValidationError
 from .memory import Handle, Space
 from .pe.commands import Completion, CompositeCmd, DmaCmd, OpSpec, Scope
 from .sim import Run, Simulator
@@ -26,4 +26,4 @@ __version__ = "0.1.0"
 
 __all__ = ["Topology", "load_topology", "Simulator", "Run", "Handle", "Space", "OpSpec", "Scope",
            "CompositeCmd", "DmaCmd", "Completion", "KbworkError", "ConfigError", "ValidationError",
-           "TcmOverflowError", "SimulationError", "clear_caches"]
+           "TcmOverflowError", "SimulationError", "FileError", "clear_caches"]

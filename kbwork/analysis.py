@@ -22,7 +22,7 @@ import pandas as pd
 
 from .config import Topology, exact_fraction
 from .errors import ValidationError
-from .oplog import ENGINE_NAMES, check_schema, engine_tracks
+from .oplog import ENGINE_NAMES, check_schema, engine_tracks, require_columns
 from .pe.commands import Command, dispatch_cycles
 from .pe.timeline import CAUSES, simulate
 
@@ -71,8 +71,24 @@ def command_bytes_per_tile(commands: Sequence[Command]) -> dict[int, list[int]]:
 
 
 def closed_form(command_bytes: Iterable[int], fixed: int, r: float | Fraction, cap: int = 1024) -> int:
-    """``Σ FIXED·segments + ceil(R·bytes)`` over one tile's commands."""
-    return sum(dispatch_cycles(b, fixed, r, cap) for b in command_bytes)
+    """``Σ FIXED·segments + ceil(R·bytes)`` over one tile's commands.
+
+    Raises:
+        ValidationError: a negative or non-numeric FIXED, R or byte count, or a cap below 1.
+    """
+    _check_calibration(fixed, r, cap, "closed_form")
+    sizes = list(command_bytes)
+    if any(isinstance(b, bool) or not isinstance(b, numbers.Integral) or b < 0 for b in sizes):
+        raise ValidationError(f"closed_form: command bytes must be non-negative ints, got {sizes!r}.")
+    return sum(dispatch_cycles(int(b), fixed, r, cap) for b in sizes)
+
+
+def _check_calibration(fixed: Any, r: Any, cap: Any, where: str) -> None:
+    for name, v, integral in (("fixed", fixed, True), ("r", r, False), ("cap", cap, True)):
+        ok = isinstance(v, numbers.Integral if integral else numbers.Real) and not isinstance(v, bool)
+        if not ok or v < (1 if name == "cap" else 0) or (not integral and not np.isfinite(float(v))):
+            raise ValidationError(f"{where}: {name}={v!r}; FIXED and R must be non-negative numbers "
+                                  f"(FIXED whole cycles) and the cap a positive int.")
 
 
 def closed_form_per_tile(commands: Sequence[Command], topo: Topology) -> pd.Series:
@@ -97,7 +113,14 @@ def _closed_form_by_iter(lb: np.ndarray, iters: np.ndarray, topo: Topology) -> p
 
 
 def gate(opt3_cycles: float, opt2_cycles: float, factor: float = GATE_FACTOR) -> bool:
-    """The dispatch-ratio gate: ``opt3 > factor × opt2`` (default factor 2)."""
+    """The dispatch-ratio gate: ``opt3 > factor × opt2`` (default factor 2).
+
+    Raises:
+        ValidationError: an argument that is not a real number.
+    """
+    for name, v in (("opt3_cycles", opt3_cycles), ("opt2_cycles", opt2_cycles), ("factor", factor)):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise ValidationError(f"gate: {name}={v!r} is not a number.")
     return bool(opt3_cycles > factor * opt2_cycles)
 
 
@@ -106,7 +129,15 @@ def ratio_grid(bytes_opt2: Sequence[int], bytes_opt3: Sequence[int], fixed_value
     """Closed-form dispatch ratio opt3/opt2 over a FIXED × R grid (FIXED rows, R columns).
 
     FIXED values are rounded to whole cycles, as the topology requires.
+
+    Raises:
+        ValidationError: a negative or non-numeric FIXED or R.
     """
+    for f in fixed_values:
+        _check_calibration(int(round(f)) if isinstance(f, numbers.Real) and not isinstance(f, bool) else f,
+                           0, cap, "ratio_grid")
+    for r in r_values:
+        _check_calibration(0, r, cap, "ratio_grid")
     grid = np.empty((len(fixed_values), len(r_values)))
     for i, f in enumerate(fixed_values):
         for j, r in enumerate(r_values):
@@ -128,6 +159,7 @@ def utilization(op_log: pd.DataFrame) -> pd.DataFrame:
         ``end - start``) and ``busy_fraction`` (busy cycles over the run's
         cycles, the last ``end``; 0 for an empty run).
     """
+    require_columns(op_log, ("engine", "start", "end"), "utilization")
     tracks = engine_tracks(op_log["engine"])
     codes = pd.Categorical(op_log["engine"], categories=tracks).codes
     dur = (op_log["end"] - op_log["start"]).to_numpy(np.int64)
@@ -157,14 +189,19 @@ def utilization_over_time(op_log: pd.DataFrame, bins: int | Sequence[float] = 10
     Raises:
         ValidationError: ``bins`` is not a positive int or increasing edges.
     """
+    require_columns(op_log, ("engine", "start", "end"), "utilization_over_time")
     tracks = engine_tracks(op_log["engine"])
     cycles = int(op_log["end"].max()) if len(op_log) else 0
     if isinstance(bins, numbers.Integral) and not isinstance(bins, bool):
-        if bins <= 0:
-            raise ValidationError(f"utilization_over_time: bins={bins}; pass a positive number of bins.")
+        if bins <= 0 or bins > 10_000_000:
+            raise ValidationError(f"utilization_over_time: bins={bins}; pass a positive number of bins "
+                                  f"(at most 10,000,000).")
         edges = np.linspace(0.0, float(cycles), int(bins) + 1)
     else:
-        edges = np.asarray(bins, dtype=np.float64)
+        try:
+            edges = np.asarray(bins, dtype=np.float64)
+        except (TypeError, ValueError):
+            edges = np.zeros(0)
         if edges.ndim != 1 or len(edges) < 2 or (np.diff(edges) < 0).any():
             raise ValidationError("utilization_over_time: bins must be a positive int or at least two "
                                   "increasing edges (cycles).")
@@ -210,6 +247,7 @@ def attribution(run) -> pd.DataFrame:
         unit in track order, then every cause of ``pe.timeline.CAUSES``, zeros
         included), ``cycles`` and ``fraction`` (of ``run.cycles``).
     """
+    run = _resolve_run_only(run)
     path = run.critical_path()
     dur = (path["end"] - path["start"]).to_numpy(np.int64)
     tracks = engine_tracks(run.op_log["engine"])
@@ -256,6 +294,7 @@ def waits(run) -> pd.DataFrame:
         ``stages``, then :data:`WAIT_COLUMNS` as integer cycles summed over
         those stages.
     """
+    run = _resolve_run_only(run)
     prog, tl = run.program, run.timeline
     log = run.op_log
     kind = log["stage"].cat.codes.to_numpy(np.int64)

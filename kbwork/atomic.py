@@ -19,7 +19,7 @@ import stat
 from pathlib import Path
 from typing import IO, Any, Callable
 
-from .errors import ValidationError
+from .errors import FileError, ValidationError
 
 __all__ = ["write_text", "write_bytes", "write_with", "check_output_path"]
 
@@ -31,8 +31,8 @@ def write_text(path: str | os.PathLike[str], text: str, *, encoding: str = "utf-
         The path written (exactly ``path``; no suffix is added).
 
     Raises:
-        OSError: the file cannot be written (the message names ``path``); an
-            existing file at ``path`` is left intact.
+        FileError: the file cannot be written (an OSError too; the message names
+            ``path``); an existing file at ``path`` is left intact.
     """
     data = text.encode(encoding)
     return write_with(path, lambda f: f.write(data))
@@ -56,8 +56,8 @@ def write_with(path: str | os.PathLike[str], writer: Callable[[IO[bytes]], Any])
         The path written (exactly ``path``).
 
     Raises:
-        OSError: the file cannot be written; the message names ``path``, not
-            the temporary file. The temporary file is removed and an existing
+        FileError: the file cannot be written (an OSError too); the message names
+            ``path``, not the temporary file. The temporary file is removed and an existing
             target is left intact. Whatever ``writer`` raises propagates the
             same way, after the same clean-up.
     """
@@ -69,7 +69,7 @@ def write_with(path: str | os.PathLike[str], writer: Callable[[IO[bytes]], Any])
     except OSError as exc:
         raise _named(exc, target) from exc
     if st is not None and stat.S_ISDIR(st.st_mode):
-        raise IsADirectoryError(errno.EISDIR, "is a directory, not a file", str(target))
+        raise FileError(errno.EISDIR, "is a directory, not a file", str(target))
     if st is not None and not stat.S_ISREG(st.st_mode):
         with open(target, "wb") as f:  # a device or a pipe: there is nothing to replace
             writer(f)
@@ -110,12 +110,12 @@ def _create_temp(real: Path) -> tuple[Path, int]:
             continue
         except OSError as exc:
             raise _named(exc, real) from exc
-    raise FileExistsError(errno.EEXIST, "could not create a temporary file beside it", str(real))
+    raise FileError(errno.EEXIST, "could not create a temporary file beside it", str(real))
 
 
-def _named(exc: OSError, target: Path) -> OSError:
-    """The same kind of OSError (same errno), naming the target instead of a temporary file."""
-    return type(exc)(exc.errno, exc.strerror or os.strerror(exc.errno), str(target))
+def _named(exc: OSError, target: Path) -> FileError:
+    """A :class:`FileError` with the OS error's errno and reason, naming the target (not a temporary file)."""
+    return FileError(exc.errno, exc.strerror or os.strerror(exc.errno), str(target))
 
 
 def check_output_path(path: str | os.PathLike[str], *, suffix: str | None = None, what: str = "output") -> Path:

@@ -677,6 +677,8 @@ def sweep(*, variants: tuple[str, ...] = DEFAULT_VARIANTS, progress: bool = True
     if unknown:
         raise ValidationError(f"sweep: unknown axis {', '.join(unknown)}; axes are {', '.join(SWEEP_AXES)}.")
     variants = _check_variants(variants, "sweep")
+    if not isinstance(resume, (bool, np.bool_)):
+        raise ValidationError(f"sweep: resume={resume!r}; pass True (continue the sweep in out=) or False.")
     if not variants:
         raise ValidationError(f"sweep: variants is empty; give one or more of {', '.join(VARIANTS)}.")
     _check_mode(mode, where="sweep")

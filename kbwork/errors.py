@@ -25,3 +25,11 @@ class TcmOverflowError(KbworkError, MemoryError):
 
 class SimulationError(KbworkError, RuntimeError):
     """The timeline cannot make progress (a deadlock) or a run was misused."""
+
+
+class FileError(KbworkError, OSError):
+    """A file kbwork was asked to read or write cannot be (it names the file and why).
+
+    Also an :class:`OSError` with the same ``errno``, ``strerror`` and
+    ``filename``, so code that handles OS errors keeps working.
+    """

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from . import atomic
-from .errors import ValidationError
+from .errors import FileError, ValidationError
 from .pe.scheduler import Program
 from .pe.stages import Engine, Phase, StageKind, unit_names
 from .pe.timeline import Timeline
@@ -133,6 +133,16 @@ def _frame(data: dict[str, object], n: int) -> pd.DataFrame:
         return pd.DataFrame(data, copy=False)
 
 
+def require_columns(df: pd.DataFrame, columns: Sequence[str], where: str) -> None:
+    """Raise a ``ValidationError`` naming ``where`` unless ``df`` is a DataFrame holding ``columns``."""
+    if not isinstance(df, pd.DataFrame):
+        raise ValidationError(f"{where}: expected an op_log DataFrame (Run.op_log), got {type(df).__name__}.")
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ValidationError(f"{where}: the DataFrame has no column(s) {', '.join(missing)}; pass an op_log "
+                              f"(Run.op_log).")
+
+
 def check_schema(op_log: pd.DataFrame) -> None:
     """Raise a ``ValidationError`` naming the problem if ``op_log`` does not have the op_log schema."""
     if not isinstance(op_log, pd.DataFrame):
@@ -161,10 +171,12 @@ def read_csv(path: str | Path) -> pd.DataFrame:
 
     Raises:
         ValidationError: the file is not an op_log CSV (not CSV, or not the op_log's columns and types).
-        OSError: the file cannot be read.
+        FileError: the file cannot be read (an OSError too).
     """
     try:
         df = pd.read_csv(path, keep_default_na=False, dtype={c: "int64" for c in INT_COLUMNS})
+    except OSError as exc:
+        raise FileError(exc.errno, exc.strerror or str(exc), str(path)) from None
     except (ValueError, pd.errors.ParserError, UnicodeDecodeError) as exc:  # EmptyDataError is a ValueError
         raise ValidationError(f"{str(path)!r} is not an op_log CSV: {exc}") from None
     check_schema(df)

@@ -28,7 +28,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from .errors import ValidationError
-from .oplog import STAGE_NAMES, check_schema, engine_tracks
+from .oplog import STAGE_NAMES, check_schema, engine_tracks, require_columns
 
 #: One colour per stage kind (colour-blind friendly, Okabe-Ito based).
 STAGE_COLORS = {
@@ -397,8 +397,22 @@ def gantt(op_log: pd.DataFrame, ax: plt.Axes | None = None, window: tuple[int, i
         PolyCollection and one LineCollection: 100k stages draw fast.
 
     Raises:
-        ValidationError: ``holds`` or ``critical_path`` is not such a DataFrame.
+        ValidationError: ``op_log`` is not an op_log, a bad ``window`` or ``highlight``, or
+            ``holds`` or ``critical_path`` is not such a DataFrame.
     """
+    require_columns(op_log, ("stage", "engine", "tensor", "start", "end"), "gantt")
+    if window is not None:
+        try:
+            lo, hi = (float(x) for x in window)
+        except (TypeError, ValueError):
+            raise ValidationError(f"gantt: window={window!r}; pass (start, end) cycles.") from None
+        if not lo < hi:
+            raise ValidationError(f"gantt: window={window!r} is empty; pass start < end.")
+    if highlight is not None:
+        bad = [c for c in highlight if c not in op_log.columns] if isinstance(highlight, Mapping) else [highlight]
+        if bad:
+            raise ValidationError(f"gantt: highlight={highlight!r} names no op_log column; use e.g. "
+                                  f"{{'cmd': 12}} or {{'iter': 3}}.")
     if ax is None:
         ax = _new_axes((12, 3.4))
     drawn = _draw_gantt(op_log, ax, window, highlight, hatch, holds, critical_path)
@@ -886,6 +900,10 @@ def scaling(sweep_df: pd.DataFrame, ax: plt.Axes | None = None, x: str = "kv_len
     """
     if kind not in ("ratio", "cycles"):
         raise ValidationError(f"scaling: kind={kind!r}; use 'ratio' or 'cycles'.")
+    need = {"variant", "cycles", "dispatch_total", x}
+    if not isinstance(sweep_df, pd.DataFrame) or not need <= set(sweep_df.columns) or sweep_df.empty:
+        raise ValidationError(f"scaling: expected a non-empty decode.sweep() DataFrame with columns "
+                              f"{', '.join(sorted(need))}.")
     if ax is None:
         ax = _new_axes((7, 4))
     colors = {"opt2": "#0072B2", "opt3": "#D55E00", "a1": "#009E73"}
@@ -1058,6 +1076,9 @@ def gate_map(grid: pd.DataFrame, ax: plt.Axes | None = None, threshold: float = 
     Returns:
         The Axes.
     """
+    if not isinstance(grid, pd.DataFrame) or grid.empty:
+        raise ValidationError("gate_map: grid must be a non-empty analysis.ratio_grid() DataFrame "
+                              "(FIXED rows, R columns).")
     if ax is None:
         _, ax = plt.subplots(figsize=(6.5, 4.5))
     f = grid.index.to_numpy(float)

@@ -114,12 +114,14 @@ def test_os_error_names_the_target_and_keeps_its_errno(tmp_path):
 
 
 def test_missing_directory_and_directory_targets(tmp_path):
-    with pytest.raises(FileNotFoundError) as info:
+    # a FileError: a KbworkError and an OSError with the OS's errno, naming the target
+    with pytest.raises(kbwork.FileError) as info:
         atomic.write_text(tmp_path / "no" / "x.csv", "x")
+    assert isinstance(info.value, OSError) and info.value.errno == errno.ENOENT
     assert info.value.filename == str(tmp_path / "no" / "x.csv")
-    with pytest.raises(IsADirectoryError) as info:
+    with pytest.raises(kbwork.FileError) as info:
         atomic.write_text(tmp_path, "x")
-    assert info.value.filename == str(tmp_path)
+    assert info.value.errno == errno.EISDIR and info.value.filename == str(tmp_path)
 
 
 def test_permissions_follow_the_umask_or_the_replaced_file(tmp_path):
