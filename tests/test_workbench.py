@@ -17,7 +17,7 @@ from matplotlib.collections import PolyCollection  # noqa: E402
 
 import kbwork  # noqa: E402
 from kbwork import analysis, decode, plots  # noqa: E402
-from kbwork.calibration import fit_dispatch, load_measured  # noqa: E402
+from kbwork.calibration import PE_COMMAND_BYTES, fit_dispatch, load_measured  # noqa: E402
 from kbwork.oplog import ENGINE_NAMES  # noqa: E402
 from kbwork.widgets import CalibrationPanel  # noqa: E402
 
@@ -286,3 +286,18 @@ def test_measured_h200_fit_matches_its_readme():
     with pytest.raises(kbwork.ValidationError, match="no measured table"):
         load_measured("nope")
 
+
+def test_h200_fit_over_the_sizes_pe_commands_use_in_pe_cycles():
+    h200 = load_measured("h200_kernel_launch_cost")
+    fit = fit_dispatch(h200, bytes_range=PE_COMMAND_BYTES)
+    assert list(fit.arg_bytes) == [64, 256, 512, 1024]   # 8 B is below the range, 2 KiB and up above it
+    assert np.abs(fit.residuals).max() < 2e-3              # flat there: the line is within 2 ns
+    fixed_pe, r_pe = fit.in_cycles(kbwork.load_topology().clock_ghz)   # the PE's 1.25 GHz
+    assert round(fixed_pe) == 663 and r_pe == pytest.approx(0.036, abs=5e-4)
+    assert "over 64-1024 B" in repr(fit)
+    with pytest.raises(kbwork.ValidationError, match="at least two points with arg_bytes in 2000-3000"):
+        fit_dispatch(h200, bytes_range=(2000, 3000))
+    with pytest.raises(kbwork.ValidationError, match="low <= high"):
+        fit_dispatch(h200, bytes_range=(1024, 24))
+    with pytest.raises(kbwork.ValidationError, match="clock_ghz must be a positive number"):
+        fit.in_cycles(0)
