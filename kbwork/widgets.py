@@ -28,6 +28,7 @@ import pandas as pd
 import PIL.Image
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import PolyCollection
+from matplotlib.colors import to_rgba_array
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
@@ -37,6 +38,8 @@ from .errors import KbworkError, ValidationError
 from .oplog import STAGE_NAMES, engine_tracks
 
 _PASS, _FAIL = "#1a7f37", "#cf222e"
+#: One RGBA row per stage kind, in STAGE_NAMES order: the colours of kbwork.plots.gantt.
+_STAGE_RGBA = to_rgba_array([plots.STAGE_COLORS[k] for k in STAGE_NAMES])
 
 
 def _fmt(ratio: float | None) -> str:
@@ -69,7 +72,7 @@ class GanttRows:
         start = df["start"].to_numpy(np.float64)
         end = df["end"].to_numpy(np.float64)
         row = pd.Categorical(df["engine"], categories=self.tracks).codes
-        face = plots._PALETTE[pd.Categorical(df["stage"], categories=STAGE_NAMES).codes]
+        face = _STAGE_RGBA[pd.Categorical(df["stage"], categories=STAGE_NAMES).codes]
         verts = np.empty((len(df), 4, 2))
         verts[:, 0, 0] = verts[:, 1, 0] = start
         verts[:, 2, 0] = verts[:, 3, 0] = end
@@ -433,17 +436,6 @@ class CalibrationPanel:
         renderer = canvas.get_renderer()
         for a in self._moving:
             a.draw(renderer)
-
-    def png(self) -> bytes:
-        """The figure as the panel shows it, as PNG bytes.
-
-        Raises:
-            ValidationError: the panel was made with ``draw=False``.
-        """
-        with self._lock:
-            if self.figure is None:
-                raise ValidationError("CalibrationPanel.png: this panel was made with draw=False; it has no figure.")
-            return self._picture()
 
     # --- the widgets ---------------------------------------------------------------------------
     def _show_message(self) -> None:
