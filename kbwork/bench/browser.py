@@ -136,9 +136,8 @@ def _http(url: str, method: str = "GET", timeout: float = 5) -> int:
 def jupyter_lab(root: Path, home: Path, env: dict[str, str] | None = None) -> Iterator[tuple[str, Path]]:
     """Run JupyterLab serving ``root`` with its HOME and Jupyter dirs under ``home``; yield (url, log path).
 
-    The server and its kernels get this process's environment without ``MPLBACKEND``, plus ``env``.
-
-    The server (and its kernels) is shut down on exit, whatever happens.
+    The server and its kernels get this process's environment without ``MPLBACKEND``, plus ``env``;
+    they are shut down on exit, whatever happens.
 
     Raises:
         BrowserError: the server exited or did not answer within ``SERVER_START_TIMEOUT``.

@@ -80,8 +80,8 @@ def browser_latency(kv_len: int = 32768, moves: int = 9, passes: int = 2,
 
     Args:
         kv_len: the panel's kv length.
-        moves, passes: ``passes`` runs of ``moves`` timed moves each (FIXED 39, 38, ... after an untimed
-            first move from the default 40 to 39... the first warms the kernel's caches).
+        moves, passes: ``passes`` runs of ``moves`` timed moves each (FIXED 38, 37, ...), after an
+            untimed first move from the default 40 to 39 that warms the kernel's caches.
         server_env: extra environment for JupyterLab and its kernel (e.g. another ``PYTHONPATH``
             to time another checkout of kbwork).
         screenshot: where to save a PNG of the page after the last move.
