@@ -6,7 +6,9 @@ and reports, per case: stages simulated, median wall time, stages per
 second, op_log bytes per stage and time per tile. In the same run it replays
 each timing-mode stage graph in SimPy (checking every start and end against
 kbwork's), runs the bare heap floor on it, and times one vectorised numpy
-attention for data mode. ``--suite gemm`` times the GEMM benches instead.
+attention for data mode. ``--suite gemm`` times the GEMM benches instead; ``--suite panel`` times a
+slider move in the calibration panel, end to end in JupyterLab in headless Chromium
+(:mod:`kbwork.bench.panel`).
 
 Method (see ``benchmarks/README.md``): a case's cold first run is reported,
 then it is warmed up; each figure is a median over at least ``MIN_SECONDS``
@@ -32,6 +34,7 @@ from typing import Any, Callable
 from tqdm.auto import tqdm
 
 DEFAULT_KV = (1024, 4096, 32768, 131072, 1048576)
+PANEL_KV = 32768
 OUT_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 
 
@@ -352,10 +355,10 @@ def main(argv: list[str] | None = None) -> int:
     from ..errors import KbworkError
 
     p = argparse.ArgumentParser(prog="kbwork bench", description=__doc__.splitlines()[0])
-    p.add_argument("--suite", choices=["decode", "gemm"], default="decode")
-    p.add_argument("--kv-lens", type=int_list, default=list(DEFAULT_KV),
-                   help=f"decode kv lengths, multiples of {TILE} (comma-separated; default "
-                        f"{','.join(map(str, DEFAULT_KV))})")
+    p.add_argument("--suite", choices=["decode", "gemm", "panel"], default="decode")
+    p.add_argument("--kv-lens", type=int_list, default=None,
+                   help=f"kv lengths, multiples of {TILE} (comma-separated; default "
+                        f"{','.join(map(str, DEFAULT_KV))}, and {PANEL_KV} for the panel)")
     p.add_argument("--modes", type=mode_list, default=["timing", "data"],
                    help="comma-separated modes (default timing,data)")
     p.add_argument("--no-refs", action="store_true", help="skip the SimPy replay and the heap floor")
@@ -363,13 +366,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scales", type=int_list, default=[1, 2, 4, 8, 12],
                    help="GEMM suite: size multipliers (default 1,2,4,8,12)")
     p.add_argument("--repeats", type=positive_int, default=3, help="GEMM suite: runs per case (default 3)")
+    p.add_argument("--moves", type=positive_int, default=9, help="panel suite: timed moves per pass (default 9)")
     p.add_argument("--profile", type=positive_int, metavar="KV_LEN",
                    help=f"instead: print phase timings and a cProfile summary of one opt3 run at KV_LEN "
                         f"(a multiple of {TILE})")
     args = p.parse_args(argv)
+    if args.kv_lens is None:
+        args.kv_lens = [PANEL_KV] if args.suite == "panel" else list(DEFAULT_KV)
     from .. import decode
 
-    for kv in ([args.profile] if args.profile else args.kv_lens if args.suite == "decode" else []):
+    for kv in ([args.profile] if args.profile else args.kv_lens if args.suite in ("decode", "panel") else []):
         try:
             decode._check_sizes(where="--profile" if args.profile else "--kv-lens", kv_len=kv, group=8,
                                 head_dim=128, tile=TILE)
@@ -385,6 +391,10 @@ def main(argv: list[str] | None = None) -> int:
             return gemm_main(["--scales", ",".join(map(str, args.scales)), "--modes", ",".join(args.modes),
                               "--repeats", str(args.repeats)])
         check_out_dir(args.out)
+        if args.suite == "panel":
+            from .panel import main as panel_main
+
+            return panel_main(args.kv_lens, args.moves, PASSES, args.out)
         if not args.no_refs:
             try:
                 import simpy  # noqa: F401
