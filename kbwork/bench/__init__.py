@@ -6,7 +6,8 @@ and reports, per case: stages simulated, median wall time, stages per
 second, op_log bytes per stage and time per tile. In the same run it replays
 each timing-mode stage graph in SimPy (checking every start and end against
 kbwork's), runs the bare heap floor on it, and times one vectorised numpy
-attention for data mode. ``--suite gemm`` times the GEMM benches instead; ``--suite panel`` times a
+attention for data mode. ``--suite steady`` measures the exact steady state (``bench/steady.py``);
+``--suite gemm`` times the GEMM benches instead; ``--suite panel`` times a
 slider move in the calibration panel, end to end in JupyterLab in headless Chromium
 (:mod:`kbwork.bench.panel`).
 
@@ -355,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..errors import KbworkError
 
     p = argparse.ArgumentParser(prog="kbwork bench", description=__doc__.splitlines()[0])
-    p.add_argument("--suite", choices=["decode", "gemm", "panel"], default="decode")
+    p.add_argument("--suite", choices=["decode", "gemm", "panel", "steady"], default="decode")
     p.add_argument("--kv-lens", type=int_list, default=None,
                    help=f"kv lengths, multiples of {TILE} (comma-separated; default "
                         f"{','.join(map(str, DEFAULT_KV))}, and {PANEL_KV} for the panel)")
@@ -367,15 +368,22 @@ def main(argv: list[str] | None = None) -> int:
                    help="GEMM suite: size multipliers (default 1,2,4,8,12)")
     p.add_argument("--repeats", type=positive_int, default=3, help="GEMM suite: runs per case (default 3)")
     p.add_argument("--moves", type=positive_int, default=9, help="panel suite: timed moves per pass (default 9)")
+    p.add_argument("--sweep-points", type=positive_int, default=10_000,
+                   help="steady suite: points of the sweep timed serially, on processes and on Dask (default 10000)")
+    p.add_argument("--no-dask", action="store_true", help="steady suite: skip the Dask LocalCluster sweep")
     p.add_argument("--profile", type=positive_int, metavar="KV_LEN",
                    help=f"instead: print phase timings and a cProfile summary of one opt3 run at KV_LEN "
                         f"(a multiple of {TILE})")
     args = p.parse_args(argv)
     if args.kv_lens is None:
-        args.kv_lens = [PANEL_KV] if args.suite == "panel" else list(DEFAULT_KV)
+        from .steady import DEFAULT_KV as STEADY_KV
+
+        args.kv_lens = ([PANEL_KV] if args.suite == "panel" else list(STEADY_KV) if args.suite == "steady"
+                        else list(DEFAULT_KV))
     from .. import decode
 
-    for kv in ([args.profile] if args.profile else args.kv_lens if args.suite in ("decode", "panel") else []):
+    for kv in ([args.profile] if args.profile else args.kv_lens if args.suite in ("decode", "panel", "steady")
+               else []):
         try:
             decode._check_sizes(where="--profile" if args.profile else "--kv-lens", kv_len=kv, group=8,
                                 head_dim=128, tile=TILE)
@@ -395,6 +403,8 @@ def main(argv: list[str] | None = None) -> int:
             from .panel import main as panel_main
 
             return panel_main(args.kv_lens, args.moves, PASSES, args.out)
+        if args.suite == "steady":
+            return _steady_suite(args)
         if not args.no_refs:
             try:
                 import simpy  # noqa: F401
@@ -417,6 +427,32 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
+
+
+def _steady_suite(args: argparse.Namespace) -> int:
+    from .. import atomic
+    from .steady import format_suite, run_suite
+
+    if not args.no_dask:
+        try:
+            import distributed  # noqa: F401
+        except ImportError:
+            print("kbwork bench: the Dask sweep needs dask[distributed] (pip install -e '.[bench]'), or pass "
+                  "--no-dask", file=sys.stderr)
+            return 2
+    result = run_suite(args.sweep_points, dask=not args.no_dask, kv_lens=tuple(args.kv_lens))
+    result["machine"] = {"python": platform.python_version(), "platform": platform.platform(),
+                         "processor": platform.processor(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    for line in format_suite(result):
+        print(line)
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+        atomic.write_text(args.out / "steady.json", json.dumps(result, indent=1, default=float))
+    except OSError as exc:
+        print(f"kbwork bench: error: could not write {exc.filename!r}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    print(f"\nwrote {args.out / 'steady.json'}", file=sys.stderr)
+    return 0
 
 
 def _decode_suite(args: argparse.Namespace) -> int:
