@@ -377,7 +377,7 @@ class _PerCommand:
     """A per-command list of the full run (labels, waits), each entry read from the short run's."""
 
     def __init__(self, short: Sequence[Any], where: _Map, shift: Callable[[Any, int], Any]):
-        self._short, self._where, self._shift = short, where, shift
+        self.short, self._where, self._shift = short, where, shift
         self._n = len(short) + where.k * where.sh.dcmd
 
     def __len__(self) -> int:
@@ -387,7 +387,7 @@ class _PerCommand:
         if not -self._n <= c < self._n:
             raise IndexError(c)
         c, m = self._where.cmd(c % self._n)
-        return self._shift(self._short[c], m)
+        return self._shift(self.short[c], m)
 
     def __iter__(self):
         return (self[c] for c in range(self._n))
@@ -476,7 +476,7 @@ def _extend_timeline(short: Timeline, prog: PeriodicProgram, where: _Map) -> Tim
     d = prog.dispatch_seq
     strict = prog.topo.hazard_policy == "strict_fifo"
     waited = []
-    if any(short_ws for short_ws in prog.waits._short):  # tl.wait: when each waiting DISPATCH could go
+    if any(prog.waits.short):  # tl.wait: when each waiting DISPATCH could go (none in decode)
         waited = [(c, int(done[list(ws)].max())) for c, ws in enumerate(prog.waits) if ws]
     front = _front_end(prog, d, start, end, done, held_f, release_f, strict, waited)
     ready[d] = np.maximum(np.maximum(front.d_order, front.d_queue), front.d_wait)
@@ -498,7 +498,6 @@ class SteadyRun(Run):
                  loop: LoopProgram, n_tiles: int):
         sh, k = where.sh, where.k
         self._loop, self._n_tiles = loop, n_tiles
-        full = lambda: loop.emit(n_tiles)  # noqa: E731
         self.sim = short.sim
         self.topology = short.topology
         self.mode = short.mode
@@ -507,7 +506,7 @@ class SteadyRun(Run):
         self._where = where
         self._regions = regions
         self.program = PeriodicProgram(short.program, where, regions, len(short.program.commands) + k * sh.dcmd,
-                                       full)
+                                       self._emit_full)
         self._timeline: Timeline | None = None
         self._n = len(short.timeline.end) + k * sh.dseq
         self.cycles = short.cycles + k * sh.dt
@@ -516,6 +515,9 @@ class SteadyRun(Run):
         self._op_log = None
         self._bindings = None
         self.timings = dict(short.timings)
+
+    def _emit_full(self) -> Program:
+        return self._loop.emit(self._n_tiles)
 
     @property
     def timeline(self) -> Timeline:
