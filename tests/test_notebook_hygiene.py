@@ -14,7 +14,7 @@ NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
 def _code(nb: Path) -> str:
     cells = json.loads(nb.read_text(encoding="utf-8"))["cells"]
-    return "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    return "".join("".join(c["source"]) + "\n" for c in cells if c["cell_type"] == "code")
 
 
 @pytest.mark.parametrize("nb", sorted(NOTEBOOKS.glob("*.ipynb")), ids=lambda p: p.name)
