@@ -616,7 +616,7 @@ def compare(*, kv_len: int = 4096, group: int = 8, head_dim: int = 128, tile: in
 
 # --- sweeps ------------------------------------------------------------------------------------
 SWEEP_AXES = ("kv_len", "tile", "group", "head_dim", "dtype", "fixed_cycles", "r_cycles_per_byte",
-              "hazard_policy")
+              "hazard_policy", "dma_channels")
 _SIZE_AXES = ("kv_len", "tile", "group", "head_dim")
 
 
@@ -639,11 +639,13 @@ def _check_axis_value(name: str, val: Any, base: Topology) -> None:
 
 def sweep(*, variants: tuple[str, ...] = DEFAULT_VARIANTS, progress: bool = True, mode: str = "timing",
           topology: Topology | str | None = None, client: Any = None, workers: int | None = None,
-          out: str | Path | None = None, resume: bool = False, **axes: Any) -> pd.DataFrame:
+          out: str | Path | None = None, resume: bool = False, attribution: bool = False,
+          **axes: Any) -> pd.DataFrame:
     """Simulate every variant at every point of the cartesian product of ``axes``.
 
     Each axis is a list (a scalar is a one-point axis), e.g.
-    ``sweep(kv_len=[1024, 4096], fixed_cycles=[0, 40])``. Timing mode by default.
+    ``sweep(kv_len=[1024, 4096], fixed_cycles=[0, 40])``; the axes are
+    :data:`SWEEP_AXES`. Timing mode by default.
     Points run on this machine's cores in processes (``workers=1``: here, in
     order; small sweeps always run here), or on a Dask cluster when ``client``
     is a ``distributed.Client`` or a scheduler address (:mod:`kbwork.parallel`);
@@ -656,10 +658,17 @@ def sweep(*, variants: tuple[str, ...] = DEFAULT_VARIANTS, progress: bool = True
     must come from the same axes and variants). When the sweep completes the
     file is rewritten in point order.
 
+    ``attribution=True`` adds where each run's time went: its critical-path
+    cycles by engine (``path_PE_CPU``, ..., every DMA channel summed into
+    ``path_PE_DMA``) and by cause (``path_engine``, ``path_dependency``,
+    ``path_hazard``, ...), :data:`kbwork.analysis.PATH_COLUMNS`; each of the
+    two groups adds up to ``cycles`` (:func:`kbwork.analysis.path_cycles`).
+
     Returns:
         One row per (point, variant): the axis values, ``variant``, ``cycles``,
         ``us``, ``dispatch_per_tile``, ``dispatch_total`` (all DISPATCH cycles),
-        ``commands``, ``stages`` and ``n_tiles``.
+        ``commands``, ``stages`` and ``n_tiles`` (then the ``path_`` columns
+        when asked for).
 
     Raises:
         ValidationError: an unknown axis, an axis without values, a value of
@@ -679,6 +688,8 @@ def sweep(*, variants: tuple[str, ...] = DEFAULT_VARIANTS, progress: bool = True
     variants = _check_variants(variants, "sweep")
     if not isinstance(resume, (bool, np.bool_)):
         raise ValidationError(f"sweep: resume={resume!r}; pass True (continue the sweep in out=) or False.")
+    if attribution not in (True, False):
+        raise ValidationError(f"sweep: attribution must be True or False, got {attribution!r}.")
     if not variants:
         raise ValidationError(f"sweep: variants is empty; give one or more of {', '.join(VARIANTS)}.")
     _check_mode(mode, where="sweep")
@@ -697,9 +708,10 @@ def sweep(*, variants: tuple[str, ...] = DEFAULT_VARIANTS, progress: bool = True
         _check_sizes(where="sweep", **sizes)
         if mode == "data":
             _check_data_bytes(sizes["kv_len"], sizes["group"], sizes["head_dim"], where="sweep")
-    log = _SweepLog(out, names, variants, points, resume) if out is not None else None
+    metrics = _SweepLog.METRICS + (analysis.PATH_COLUMNS if attribution else ())
+    log = _SweepLog(out, names, variants, points, resume, metrics) if out is not None else None
     todo = [i for i in range(len(points)) if log is None or i not in log.done]
-    tasks = [(points[i], variants, mode, base) for i in todo]
+    tasks = [(points[i], variants, mode, base, attribution) for i in todo]
     rows_of: dict[int, list[dict]] = dict(log.done) if log is not None else {}
 
     def finished(k: int, rows: list[dict]) -> None:
@@ -717,14 +729,17 @@ def sweep(*, variants: tuple[str, ...] = DEFAULT_VARIANTS, progress: bool = True
 
 def _sweep_point(task: tuple) -> list[dict]:
     """Every variant at one sweep point: the rows :func:`sweep` returns for it (runs in a worker)."""
-    point, variants, mode, topology = task
+    point, variants, mode, topology, attribution = task
     rows = []
     for variant in variants:
         r = run(variant, mode=mode, topology=topology, **point)
-        rows.append({**point, "variant": variant, "cycles": r.cycles, "us": r.topology.cycles_to_us(r.cycles),
-                     "dispatch_per_tile": int(r.dispatch_per_tile.iloc[0]),
-                     "dispatch_total": int(r.run.dispatch_cycles().sum()),
-                     "commands": len(r.run.commands), "stages": r.run.n_stages, "n_tiles": r.n_tiles})
+        row = {**point, "variant": variant, "cycles": r.cycles, "us": r.topology.cycles_to_us(r.cycles),
+               "dispatch_per_tile": int(r.dispatch_per_tile.iloc[0]),
+               "dispatch_total": int(r.run.dispatch_cycles().sum()),
+               "commands": len(r.run.commands), "stages": r.run.n_stages, "n_tiles": r.n_tiles}
+        if attribution:
+            row.update(analysis.path_cycles(r.run))
+        rows.append(row)
     return rows
 
 
@@ -734,11 +749,12 @@ class _SweepLog:
     METRICS = ("variant", "cycles", "us", "dispatch_per_tile", "dispatch_total", "commands", "stages", "n_tiles")
 
     def __init__(self, path: str | Path, names: list[str], variants: tuple[str, ...], points: list[dict],
-                 resume: bool):
+                 resume: bool, metrics: tuple[str, ...] = METRICS):
         from . import atomic
 
         self.path = Path(atomic.check_output_path(path, suffix=".csv", what="sweep out"))
-        self.columns = ["point", *names, *self.METRICS]
+        self.metrics = tuple(metrics)
+        self.columns = ["point", *names, *self.metrics]
         self.done: dict[int, list[dict]] = {}
         if self.path.exists() and self.path.stat().st_size:
             if not resume:
@@ -772,7 +788,7 @@ class _SweepLog:
             if any(str(rows[0][n]) != str(want[n]) for n in names):
                 raise ValidationError(f"sweep: cannot resume from {str(self.path)!r}: its point {i} is "
                                       f"{ {n: rows[0][n] for n in names} }, this sweep's is {want}; the axes differ.")
-            self.done[i] = [{**want, **{k: r[k] for k in self.METRICS}} for r in rows]
+            self.done[i] = [{**want, **{k: r[k] for k in self.metrics}} for r in rows]
 
     def _rows_csv(self, rows: list[dict], point: int) -> str:
         import io

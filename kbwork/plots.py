@@ -9,12 +9,13 @@ Artists the tests (and anyone styling a figure) look for carry a ``gid``:
 ``stages:<unit>`` (one PolyCollection of stages per engine unit),
 ``stages:<unit>:<hatch>`` (the hatched stages of one unit, e.g. V tiles),
 ``holds`` (one segment per hazard hold), ``critical-path`` (one outline per
-critical-path stage) and ``critical-path-links`` (one segment per change of
-unit along the path).
+critical-path stage), ``critical-path-links`` (one segment per change of
+unit along the path) and ``winners`` (the image of each winner-map panel).
 """
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any, Iterable, Mapping, NamedTuple
 
 import matplotlib
@@ -62,6 +63,8 @@ CAUSE_COLORS = {
 #: streamed operand) are hatched. A tensor is named by its base name, the part before any ``[rows]``
 #: slice: decode's V tiles (``V[0:128]``, ...) are hatched, its K tiles plain.
 TENSOR_HATCH = {"V": "////"}
+#: One colour per decode variant (sweep plots, the winner map); other variants take tab10 colours.
+VARIANT_COLORS = {"opt2": "#0072B2", "opt3": "#D55E00", "a1": "#009E73"}
 #: The colour of the hazard-hold bars on a Gantt.
 HOLD_COLOR = "#7B1E3A"
 
@@ -906,7 +909,7 @@ def scaling(sweep_df: pd.DataFrame, ax: plt.Axes | None = None, x: str = "kv_len
                               f"{', '.join(sorted(need))}.")
     if ax is None:
         ax = _new_axes((7, 4))
-    colors = {"opt2": "#0072B2", "opt3": "#D55E00", "a1": "#009E73"}
+    colors = VARIANT_COLORS
     ax.set_xscale("log", base=2)
     ax.set_xlabel(x)
     if title:
@@ -960,52 +963,213 @@ def ratio_norm(values: Any, center: float = 1.0) -> TwoSlopeNorm:
     return TwoSlopeNorm(vcenter=center, vmin=vmin, vmax=vmax)
 
 
-def ratio_heatmaps(ratios: pd.Series, *, facet: str, row: str, col: str, center: float = 1.0,
-                   label: str = "ratio", cmap: str = "RdBu", fmt: str = "{:.2f}") -> plt.Figure:
-    """One heat map per value of ``facet``, all on one colour scale centred on ``center`` (:func:`ratio_norm`).
+def _level_list(x: str | Iterable[str] | None) -> list[str]:
+    return [] if x is None else [x] if isinstance(x, str) else list(x)
+
+
+def _fmt_value(v: Any) -> str:
+    """A tick or facet value: ints with thousands separators, everything else as it prints."""
+    return f"{v:,}" if isinstance(v, (int, np.integer)) and not isinstance(v, bool) else str(v)
+
+
+class _Facets(NamedTuple):
+    """The panels of a small-multiples figure: the facet levels and, for each panel, its key."""
+
+    row_levels: list[str]
+    col_levels: list[str]
+    rows: list[tuple]
+    cols: list[tuple]
+
+    def select(self, obj: pd.Series | pd.DataFrame, r: tuple, c: tuple) -> Any:
+        """The part of ``obj`` in panel (r, c), the facet levels dropped; ``None`` when it holds nothing."""
+        levels, key = self.row_levels + self.col_levels, r + c
+        if not levels:
+            return obj
+        try:
+            return obj.xs(key if len(key) > 1 else key[0], level=levels if len(levels) > 1 else levels[0])
+        except KeyError:
+            return None
+
+    def name(self, r: tuple, c: tuple) -> str:
+        """The panel's title: its row facets on one line, its column facets on the next."""
+        def line(levels: list[str], key: tuple) -> str:
+            return " · ".join(f"{lev} = {_fmt_value(v)}" for lev, v in zip(levels, key))
+
+        return "\n".join(x for x in (line(self.row_levels, r), line(self.col_levels, c)) if x)
+
+
+def _facets(index: pd.Index, *, row: str, col: str, facet_row: Any, facet_col: Any, where: str) -> _Facets:
+    """Check that ``index`` has exactly the levels row, col and the facets; list the panels in index order."""
+    fr, fc = _level_list(facet_row), _level_list(facet_col)
+    levels = list(index.names)
+    want = [row, col, *fr, *fc]
+    if len(set(want)) != len(want) or set(want) != set(levels):
+        raise ValidationError(f"{where}: the index has levels {levels}; row, col and the facets must name each of "
+                              f"them once (fix any other level first, e.g. with .xs(value, level=name)).")
+
+    def keys(names: list[str]) -> list[tuple]:
+        if not names:
+            return [()]
+        return list(dict.fromkeys(zip(*(index.get_level_values(n) for n in names))))
+
+    return _Facets(fr, fc, keys(fr), keys(fc))
+
+
+def ratio_heatmaps(ratios: pd.Series, *, facet: str | Iterable[str], row: str, col: str,
+                   facet_row: str | Iterable[str] | None = None, center: float = 1.0, label: str = "ratio",
+                   cmap: str = "RdBu", fmt: str = "{:.2f}") -> plt.Figure:
+    """One heat map per value of ``facet`` (a row of panels; a grid with ``facet_row``), all on one colour
+    scale centred on ``center`` (:func:`ratio_norm`).
 
     Args:
-        ratios: a Series with a MultiIndex holding the levels ``facet``, ``row`` and ``col``
+        ratios: a Series with a MultiIndex holding exactly the levels ``row``, ``col`` and the facets
             (e.g. ``wide["opt3/opt2"]`` of a pivoted sweep).
-        facet, row, col: the index levels for panels, rows and columns.
+        facet: the index level (or levels) whose values make the columns of panels.
+        facet_row: the index level (or levels) whose values make the rows of panels.
+        row, col: the index levels for each panel's rows and columns.
         label: the colour bar's label.
 
     Returns:
         The Figure; every cell is written with its value (white on dark cells).
 
     Raises:
-        ValidationError: the levels are not in the index.
+        ValidationError: the levels are not those of the index.
     """
-    levels = list(ratios.index.names)
-    if not {facet, row, col} <= set(levels):
-        raise ValidationError(f"ratio_heatmaps: the index has levels {levels}; facet/row/col must be among them.")
-    facets = list(dict.fromkeys(ratios.index.get_level_values(facet)))
+    panels = _facets(ratios.index, row=row, col=col, facet_row=facet_row, facet_col=facet,
+                     where="ratio_heatmaps")
     norm = ratio_norm(ratios.to_numpy(), center)
-    fig, axes = plt.subplots(1, len(facets), figsize=(4.3 * len(facets) + 1.2, 3.6), sharey=True,
-                             layout="constrained", squeeze=False)
-    axes = axes[0]
+    nr, nc = len(panels.rows), len(panels.cols)
+    fig, axes = plt.subplots(nr, nc, figsize=(4.3 * nc + 1.2, 3.2 * nr + 0.4), sharey=True, layout="constrained",
+                             squeeze=False)
     cm = plt.get_cmap(cmap)
     im = None
-    for ax, f in zip(axes, facets):
-        t = ratios.xs(f, level=facet).unstack(col).sort_index()
-        z = t.to_numpy(np.float64)
-        im = ax.imshow(z, cmap=cm, norm=norm, aspect="auto")
-        for (i, j), v in np.ndenumerate(z):
-            r, g, b, _ = cm(norm(v))
-            dark = 0.299 * r + 0.587 * g + 0.114 * b < 0.5
-            ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=9, color="white" if dark else "black")
-        ax.set_xticks(range(t.shape[1]), [f"{c:,}" if isinstance(c, (int, np.integer)) else str(c)
-                                          for c in t.columns])
-        ax.set_yticks(range(t.shape[0]), [str(i) for i in t.index])
-        ax.set_xlabel(col)
-        ax.set_title(f"{facet} = {f}", fontsize=10)
-    axes[0].set_ylabel(row)
-    cbar = fig.colorbar(im, ax=list(axes), label=label)
+    for i, r in enumerate(panels.rows):
+        for j, c in enumerate(panels.cols):
+            ax = axes[i, j]
+            part = panels.select(ratios, r, c)
+            if part is None:
+                ax.set_axis_off()
+                continue
+            t = part.unstack(col).sort_index()
+            z = t.to_numpy(np.float64)
+            im = ax.imshow(z, cmap=cm, norm=norm, aspect="auto")
+            for (a, b), v in np.ndenumerate(z):
+                if np.isnan(v):
+                    continue
+                red, green, blue, _ = cm(norm(v))
+                dark = 0.299 * red + 0.587 * green + 0.114 * blue < 0.5
+                ax.text(b, a, fmt.format(v), ha="center", va="center", fontsize=9, color="white" if dark else "black")
+            ax.set_xticks(range(t.shape[1]), [_fmt_value(v) for v in t.columns])
+            ax.set_yticks(range(t.shape[0]), [str(v) for v in t.index])
+            ax.set_xlabel(col)
+            ax.set_title(panels.name(r, c), fontsize=10)
+        axes[i, 0].set_ylabel(row)
+    cbar = fig.colorbar(im, ax=axes.ravel().tolist(), label=label)
     # in proportion to the values (a TwoSlopeNorm bar gives each side of the centre half its length,
     # which would spend half of it on the sliver below 1 that no cell uses)
     cbar.ax.set_yscale("linear")
     cbar.ax.yaxis.set_major_locator(MaxNLocator(nbins=8, steps=[1, 2, 5, 10]))
     cbar.ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:.2f}"))
+    return fig
+
+
+def _variant_colors(names: Iterable[str]) -> dict[str, str]:
+    """:data:`VARIANT_COLORS`, and a tab10 colour for any other variant (in the order given)."""
+    tab = plt.get_cmap("tab10")
+    out, k = {}, 0
+    for n in names:
+        if n in VARIANT_COLORS:
+            out[n] = VARIANT_COLORS[n]
+        else:
+            out[n] = matplotlib.colors.to_hex(tab((3 + k) % 10))
+            k += 1
+    return out
+
+
+def _pct(x: float) -> str:
+    """``0.134`` -> ``"+13%"``, ``0.034`` -> ``"+3.4%"``, ``0.0002`` -> ``"+0.02%"``: a whole percent from 10 %,
+    two decimals under 0.1 %, so a small gap does not read as none."""
+    p = 100 * x
+    return f"+{p:.0f}%" if p >= 9.95 else f"+{p:.1f}%" if p >= 0.095 else f"+{p:.2f}%"
+
+
+def winner_map(table: pd.DataFrame, *, row: str, col: str, facet_row: str | Iterable[str] | None = None,
+               facet_col: str | Iterable[str] | None = None, focus: str | None = None,
+               title: str | None = None) -> plt.Figure:
+    """Small multiples of which variant is fastest end to end: one panel per facet value, one cell per
+    (row, col) value, coloured by the fastest variant.
+
+    Args:
+        table: :func:`kbwork.analysis.winners` output, its index holding exactly the levels
+            ``row``, ``col`` and the facets.
+        row, col: the index levels for each panel's rows and columns.
+        facet_row, facet_col: the index level (or levels) whose values make the rows and the
+            columns of panels.
+        focus: a variant to follow. Each cell reads the fastest variant, then ``"<v> +x%"``: how much
+            longer ``focus`` takes than the fastest, or, where ``focus`` is the fastest, how much
+            longer the next fastest takes. Without ``focus`` the second line is always the next fastest.
+        title: the figure title.
+
+    Returns:
+        The Figure. Each panel's image has the gid ``winners``; the legend (below the panels) names the
+        colours and says what the second line is.
+
+    Raises:
+        ValidationError: not a winners table, the levels are not those of the index, or ``focus`` is not
+            one of its variants.
+    """
+    if not isinstance(table, pd.DataFrame) or not {"best", "runner_up", "margin"} <= set(table.columns):
+        raise ValidationError("winner_map: pass analysis.winners(sweep) output (columns best, runner_up, margin, "
+                              "<variant>/best).")
+    variants = [c[:-len("/best")] for c in table.columns if isinstance(c, str) and c.endswith("/best")]
+    if focus is not None and focus not in variants:
+        raise ValidationError(f"winner_map: focus {focus!r} is not one of the table's variants "
+                              f"({', '.join(variants)}).")
+    panels = _facets(table.index, row=row, col=col, facet_row=facet_row, facet_col=facet_col, where="winner_map")
+    colors = _variant_colors(variants)
+    nr, nc = len(panels.rows), len(panels.cols)
+    fig, axes = plt.subplots(nr, nc, figsize=(3.0 * nc + 0.6, 2.6 * nr + 1.2), sharey=True, layout="constrained",
+                             squeeze=False)
+    seen: dict[str, None] = {}
+    for i, r in enumerate(panels.rows):
+        for j, c in enumerate(panels.cols):
+            ax = axes[i, j]
+            part = panels.select(table, r, c)
+            if part is None:
+                ax.set_axis_off()
+                continue
+            best = part["best"].unstack(col).sort_index()
+            rows_, cols_ = list(best.index), list(best.columns)
+            rgb = np.ones((len(rows_), len(cols_), 3))
+            for (a, b), v in np.ndenumerate(best.to_numpy(object)):
+                if not isinstance(v, str):
+                    continue
+                seen[v] = None
+                rgb[a, b] = matplotlib.colors.to_rgb(colors[v])
+                cell = part.xs((rows_[a], cols_[b]), level=[row, col]).iloc[0]
+                if focus is None or v == focus:
+                    detail = f"{cell['runner_up']} {_pct(cell['margin'])}"
+                else:
+                    detail = f"{focus} {_pct(cell[f'{focus}/best'] - 1)}"
+                lum = float(np.dot(rgb[a, b], (0.299, 0.587, 0.114)))
+                ax.text(b, a, f"{v}\n{detail}", ha="center", va="center", fontsize=8, linespacing=1.3,
+                        color="white" if lum < 0.55 else "black")
+            im = ax.imshow(rgb, aspect="auto", interpolation="nearest")
+            im.set_gid("winners")
+            ax.set_xticks(range(len(cols_)), [_fmt_value(v) for v in cols_])
+            ax.set_yticks(range(len(rows_)), [_fmt_value(v) for v in rows_])
+            ax.set_xlabel(col)
+            ax.set_title(panels.name(r, c), fontsize=9)
+        axes[i, 0].set_ylabel(row)
+    what = (f"second line: how much longer {focus} takes than the fastest (where {focus} is fastest: the next "
+            f"fastest)" if focus is not None else "second line: how much longer the next fastest variant takes")
+    # the legend title says how to read a cell: wrapped to the figure's width (about 0.6 em a character)
+    chars = max(30, int(fig.get_figwidth() * 72 / (0.6 * 9)))
+    fig.legend(handles=[Patch(color=colors[v], label=f"{v} fastest") for v in variants if v in seen],
+               loc="outside lower center", ncols=len(seen) or 1, fontsize=9, frameon=False,
+               title=textwrap.fill(f"cell colour: the fastest variant end to end; {what}", chars), title_fontsize=9)
+    if title:
+        fig.suptitle(title, x=0.01, ha="left", fontsize=11)
     return fig
 
 
@@ -1040,7 +1204,7 @@ def cycles_bars(sweep_df: pd.DataFrame, group: str = "hazard_policy", ax: plt.Ax
     variants = list(wide.columns)
     if ax is None:
         ax = _new_axes((6.5, 3.8))
-    colors = {"opt2": "#0072B2", "opt3": "#D55E00", "a1": "#009E73"}
+    colors = VARIANT_COLORS
     width = 0.8 / len(variants)
     for i, v in enumerate(variants):
         xs = np.arange(len(order)) - 0.4 + width * (i + 0.5)

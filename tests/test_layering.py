@@ -1,45 +1,13 @@
-"""The PE side never imports the compiler side or anything above it (DESIGN §3 D6.5, §9)."""
+"""The PE side never imports the compiler side or anything above it, and names no recipe (DESIGN §3 D6.5,
+§9). The check itself lives in ``kbwork.layering``, so a notebook can show the same verdict."""
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
 import pytest
 
-import kbwork
+from kbwork import layering
 
-PKG = Path(kbwork.__file__).resolve().parent
-PE_FILES = sorted((PKG / "pe").glob("*.py"))
-FORBIDDEN = ("kbwork.triton_emu", "kbwork.kernels", "kbwork.decode", "kbwork.plots", "kbwork.widgets",
-             "kbwork.cli", "kbwork.sim")
-
-
-def imported_modules(path: Path) -> list[str]:
-    """Every module ``path`` imports, relative imports resolved against its package (``kbwork.pe``)."""
-    package = "kbwork.pe"  # every file in kbwork/pe (including __init__) resolves relative imports here
-    tree = ast.parse(path.read_text(), filename=str(path))
-    out: list[str] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            out += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                parts = package.split(".")
-                base = ".".join(parts[: len(parts) - (node.level - 1)])
-                mod = f"{base}.{node.module}" if node.module else base
-            else:
-                mod = node.module or ""
-            out.append(mod)
-            out += [f"{mod}.{alias.name}" for alias in node.names]  # `from .. import sim` imports kbwork.sim
-    return out
-
-
-def _is_forbidden(mod: str) -> str | None:
-    for f in FORBIDDEN:
-        if mod == f or mod.startswith(f + "."):
-            return f
-    return None
+PE_FILES = layering.pe_files()
 
 
 def test_the_pe_package_has_the_expected_modules():
@@ -49,7 +17,7 @@ def test_the_pe_package_has_the_expected_modules():
 
 @pytest.mark.parametrize("path", PE_FILES, ids=lambda p: p.name)
 def test_pe_imports_nothing_from_above(path):
-    bad = [m for m in imported_modules(path) if _is_forbidden(m)]
+    bad = layering.forbidden_imports(path)
     assert not bad, f"{path.name} imports {bad}"
 
 
@@ -57,11 +25,18 @@ def test_pe_imports_nothing_from_above(path):
 def test_pe_is_recipe_free(path):
     from kbwork.triton_emu.tl_recipes import RECIPE_DESCRIPTORS
 
-    text = path.read_text()
-    for name in RECIPE_DESCRIPTORS:  # every registered recipe, not just the first one
-        assert name not in text, f"{path.name} names recipe {name!r}"
-    assert "RECIPE_DESCRIPTORS" not in text
-    assert "tl_recipes" not in text
+    words = layering.recipe_words()
+    assert set(RECIPE_DESCRIPTORS) <= set(words)  # every registered recipe, not just the first one
+    assert {"RECIPE_DESCRIPTORS", "tl_recipes"} <= set(words)
+    named = layering.recipe_mentions(path)
+    assert not named, f"{path.name} names {named}"
+
+
+def test_check_pe_reports_every_file_clean():
+    table = layering.check_pe()
+    assert list(table.columns) == ["file", "forbidden_imports", "recipe_mentions", "ok"]
+    assert len(table) == len(PE_FILES) and table["ok"].all()
+    assert (table["forbidden_imports"] == "").all() and (table["recipe_mentions"] == "").all()
 
 
 def test_the_import_checker_catches_both_import_forms(tmp_path):
@@ -77,9 +52,20 @@ def test_the_import_checker_catches_both_import_forms(tmp_path):
     for src, want in cases.items():
         p = tmp_path / "mod.py"
         p.write_text(src)
-        assert want in {_is_forbidden(m) for m in imported_modules(p)}, src
+        assert want in {layering.forbidden_prefix(m) for m in layering.imported_modules(p)}, src
+        assert layering.forbidden_imports(p), src
     ok = tmp_path / "ok.py"
     ok.write_text("from ..memory import Handle\nfrom .commands import OpSpec\nfrom ..errors import ValidationError\n"
                   "import numpy as np\n")
-    assert not [m for m in imported_modules(ok) if _is_forbidden(m)]
-    assert "kbwork.memory" in imported_modules(ok) and "kbwork.pe.commands" in imported_modules(ok)
+    assert not layering.forbidden_imports(ok)
+    assert "kbwork.memory" in layering.imported_modules(ok) and "kbwork.pe.commands" in layering.imported_modules(ok)
+
+
+def test_the_recipe_checker_sees_a_recipe_name_anywhere(tmp_path):
+    p = tmp_path / "sched.py"
+    p.write_text("# a special case for rmsnorm\nx = 1\n")
+    assert layering.recipe_mentions(p) == ["rmsnorm"]
+    p.write_text("from ..triton_emu import tl_recipes\n")
+    assert layering.recipe_mentions(p) == ["tl_recipes"]
+    p.write_text("x = 1  # plain\n")
+    assert layering.recipe_mentions(p) == []

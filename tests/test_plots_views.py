@@ -405,3 +405,66 @@ def test_ratio_heatmaps_centre_the_colour_scale_on_one_and_fit_it_to_the_data():
     assert_nothing_clipped(fig)
     with pytest.raises(ValidationError, match="levels"):
         plots.ratio_heatmaps(ratios, facet="nope", row="tile", col="kv_len")
+
+
+def test_ratio_heatmaps_lay_out_a_grid_with_facet_row():
+    idx = pd.MultiIndex.from_product([["strict_fifo", "rw_aware"], [1, 2], [0, 40], [64, 128]],
+                                     names=["hazard_policy", "dma_channels", "fixed_cycles", "tile"])
+    ratios = pd.Series(np.linspace(0.8, 1.3, len(idx)), index=idx)
+    fig = plots.ratio_heatmaps(ratios, facet="dma_channels", facet_row="hazard_policy", row="fixed_cycles",
+                               col="tile", label="a1 / opt2")
+    panels = [a for a in fig.axes if a.images]
+    assert len(panels) == 4
+    assert [a.get_title() for a in panels] == [f"hazard_policy = {p}\ndma_channels = {c}"
+                                               for p in ("strict_fifo", "rw_aware") for c in (1, 2)]
+    np.testing.assert_allclose(panels[3].images[0].get_array(), ratios.xs(("rw_aware", 2), level=["hazard_policy", "dma_channels"]).unstack("tile").to_numpy())
+    assert_nothing_clipped(fig)
+    with pytest.raises(ValidationError, match="name each of them once"):
+        plots.ratio_heatmaps(ratios, facet="dma_channels", row="fixed_cycles", col="tile")  # hazard_policy left over
+
+
+def _winners_table():
+    rows = []
+    for policy in ("strict_fifo", "rw_aware"):
+        for fixed in (0, 400):
+            for tile in (32, 128):
+                c = {"opt2": 100, "opt3": 95 if policy == "rw_aware" else 110,
+                     "a1": 90 if (policy, fixed) == ("rw_aware", 400) else 113}
+                rows += [(policy, fixed, tile, v, n + (tile == 32)) for v, n in c.items()]
+    return analysis.winners(pd.DataFrame(rows, columns=["hazard_policy", "fixed_cycles", "tile", "variant", "cycles"]))
+
+
+def test_winner_map_colours_each_cell_by_the_fastest_and_says_by_how_much():
+    w = _winners_table()
+    fig = plots.winner_map(w, row="fixed_cycles", col="tile", facet_col="hazard_policy", focus="a1", title="who wins")
+    panels = [a for a in fig.axes if a.images]
+    assert [a.get_title() for a in panels] == ["hazard_policy = strict_fifo", "hazard_policy = rw_aware"]
+    assert all(a.images[0].get_gid() == "winners" for a in panels)
+    rw = panels[1]
+    rgb = rw.images[0].get_array()
+    assert tuple(rgb[0, 1]) == pytest.approx(matplotlib.colors.to_rgb(plots.VARIANT_COLORS["opt3"]))  # FIXED 0
+    assert tuple(rgb[1, 1]) == pytest.approx(matplotlib.colors.to_rgb(plots.VARIANT_COLORS["a1"]))  # FIXED 400
+    texts = {(round(t.get_position()[1]), round(t.get_position()[0])): t.get_text() for t in rw.texts}
+    assert texts[(0, 1)] == "opt3\na1 +19%"          # a1 takes 113 / 95 of the fastest
+    assert texts[(1, 1)] == "a1\nopt3 +5.6%"         # a1 fastest: the next one takes 95 / 90
+    strict = {t.get_text() for t in panels[0].texts}
+    assert strict == {"opt2\na1 +13%"}  # 114 / 101 and 113 / 100
+    legend = fig.legends[0]
+    assert [t.get_text() for t in legend.get_texts()] == ["opt2 fastest", "opt3 fastest", "a1 fastest"]
+    assert "how much longer a1 takes" in " ".join(legend.get_title().get_text().split())
+    assert_nothing_clipped(fig)
+    box, title = fig.bbox, legend.get_title().get_window_extent(fig.canvas.get_renderer())
+    assert box.x0 - 1 <= title.x0 and title.x1 <= box.x1 + 1, "the legend title runs out of the figure"
+    grid = plots.winner_map(w, row="fixed_cycles", col="tile", facet_row="hazard_policy")
+    assert len([a for a in grid.axes if a.images]) == 2
+    assert {t.get_text() for a in grid.axes for t in a.texts} >= {"opt3\nopt2 +5.3%", "opt2\nopt3 +10%"}
+
+
+def test_winner_map_refuses_a_table_it_cannot_lay_out():
+    w = _winners_table()
+    with pytest.raises(ValidationError, match="name each of them once"):
+        plots.winner_map(w, row="fixed_cycles", col="tile")
+    with pytest.raises(ValidationError, match="focus 'b9'"):
+        plots.winner_map(w, row="fixed_cycles", col="tile", facet_col="hazard_policy", focus="b9")
+    with pytest.raises(ValidationError, match="analysis.winners"):
+        plots.winner_map(w[["opt2", "a1"]], row="fixed_cycles", col="tile", facet_col="hazard_policy")

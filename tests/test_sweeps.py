@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kbwork import ValidationError, decode, parallel
+from kbwork import ConfigError, ValidationError, decode, parallel
 
 AXES = dict(kv_len=[256, 512], fixed_cycles=[0, 40, 160], tile=[64, 128])
 
@@ -78,3 +78,59 @@ def test_rows_are_written_as_points_finish_and_a_sweep_resumes(tmp_path, serial)
         decode.sweep(out=out, resume=True, progress=False, kv_len=[256])
     with pytest.raises(ValidationError, match="point 0 is .* the axes differ"):
         decode.sweep(out=out, resume=True, progress=False, **{**AXES, "kv_len": [1024, 512]})
+
+
+# --- DMA channels as an axis; where the time goes, per point --------------------------------------------
+ATTR_AXES = dict(kv_len=[512], tile=[64, 128], hazard_policy=["strict_fifo", "rw_aware"], dma_channels=[1, 2])
+
+
+@pytest.fixture(scope="module")
+def with_paths():
+    return decode.sweep(variants=("opt2", "a1"), attribution=True, workers=1, progress=False, **ATTR_AXES)
+
+
+def test_dma_channels_is_a_sweep_axis(with_paths):
+    assert "dma_channels" in decode.SWEEP_AXES
+    assert list(with_paths.columns[:5]) == ["kv_len", "tile", "hazard_policy", "dma_channels", "variant"]
+    one = with_paths[(with_paths.tile == 64) & (with_paths.hazard_policy == "strict_fifo")
+                     & (with_paths.dma_channels == 2) & (with_paths.variant == "opt2")]
+    assert one.cycles.item() == decode.run("opt2", kv_len=512, tile=64, mode="timing", dma_channels=2).cycles
+    with pytest.raises(ConfigError, match="axis 'dma_channels'"):
+        decode.sweep(kv_len=[512], dma_channels=[1, 0], progress=False)
+
+
+def test_attribution_adds_the_critical_path_by_engine_and_by_cause(with_paths):
+    from kbwork import analysis
+
+    cols = list(analysis.PATH_COLUMNS)
+    assert list(with_paths.columns[-len(cols):]) == cols
+    engines = [c for c in cols if c.startswith("path_PE_")]
+    causes = [c for c in cols if c not in engines]
+    assert (with_paths[engines].sum(axis=1) == with_paths.cycles).all()
+    assert (with_paths[causes].sum(axis=1) == with_paths.cycles).all()
+    for row in with_paths.itertuples():
+        r = decode.run(row.variant, kv_len=512, tile=row.tile, mode="timing", hazard_policy=row.hazard_policy,
+                       dma_channels=row.dma_channels)
+        att = analysis.attribution(r.run).set_index(["by", "name"]).cycles
+        dma = sum(v for (by, name), v in att.items() if by == "engine" and name.startswith("PE_DMA"))
+        assert row.path_PE_DMA == dma and row.path_PE_GEMM == att["engine", "PE_GEMM"]
+        assert row.path_hazard == att["cause", "hazard"] and row.path_dependency == att["cause", "dependency"]
+    plain = decode.sweep(variants=("opt2", "a1"), workers=1, progress=False, **ATTR_AXES)
+    assert not set(cols) & set(plain.columns)
+    assert plain.equals(with_paths.drop(columns=cols))
+    with pytest.raises(ValidationError, match="attribution must be True or False"):
+        decode.sweep(kv_len=[512], attribution="yes", progress=False)
+
+
+def test_a_sweep_with_attribution_writes_and_resumes_its_path_columns(tmp_path, with_paths):
+    out = tmp_path / "paths.csv"
+    full = decode.sweep(variants=("opt2", "a1"), attribution=True, out=out, workers=1, progress=False, **ATTR_AXES)
+    assert full.equals(with_paths)
+    lines = out.read_text().splitlines()
+    assert lines[0].endswith(",path_scheduler,path_order") and len(lines) == 1 + len(with_paths)
+    out.write_text("\n".join(lines[:5]) + "\n")
+    resumed = decode.sweep(variants=("opt2", "a1"), attribution=True, out=out, resume=True, workers=1,
+                           progress=False, **ATTR_AXES)
+    assert resumed.equals(with_paths) and out.read_text().splitlines() == lines
+    with pytest.raises(ValidationError, match="its columns .* are not this sweep's"):
+        decode.sweep(variants=("opt2", "a1"), out=out, resume=True, workers=1, progress=False, **ATTR_AXES)
