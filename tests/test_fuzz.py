@@ -2,8 +2,8 @@
 
 ``programs()`` (a hypothesis strategy) draws a small program: a random topology
 (tiles of 8-32 against dimensions of 1-40, 1-3 staging buffers, a queue of 1-4
-commands, dispatch and stage latencies down to 0), HBM tensors of bf16, fp16
-and fp32, and a list of steps over them:
+or 8 commands, dispatch and stage latencies down to 0), HBM tensors of bf16,
+fp16 and fp32, and a list of steps over them:
 
 * ``tl.load`` of whole tensors and row slices, ``tl.store`` into whole tensors
   and row slices, ``tl.full`` (``-0.0``, ``±inf``, subnormals, values near a
@@ -19,7 +19,7 @@ and fp32, and a list of steps over them:
   (a1's merge, whose ``primary_out`` a later ``pv`` GEMM reads), on state
   made by ``tl.full(-inf / 0 / 0)`` and carried from merge to merge;
 * both the legacy API and the flat ``ops=[OpSpec, ...]`` form, extra
-  ``rw_handles``, ``tl.iteration`` labels, ``tl.wait`` on earlier commands
+  ``rw_handles``, ``label=``, ``tl.iteration``, ``tl.wait`` on earlier commands
   (by the returned ``Completion`` or a hand-built one), and
   ``tl.scratch_scope()`` (nested twice at most) around any of it, so the
   recipe runs inside and outside scopes and later allocations reuse released
@@ -42,11 +42,14 @@ byte-identical to the data-mode CSV of its policy; and the op_log rules of
 DESIGN §4-§6 recomputed here, not by the library's functions — see
 :func:`check_op_log`.
 
-Budget: ``KBWORK_FUZZ_EXAMPLES`` programs (each under both policies),
-derandomized and without an example database, so CI is reproducible; the
-default keeps this file well under two minutes on a 2-core machine. Run
-thousands locally with ``KBWORK_FUZZ_EXAMPLES=5000 pytest tests/test_fuzz.py``;
-``--hypothesis-show-statistics`` lists the features the programs exercised.
+Budget: ``KBWORK_FUZZ_EXAMPLES`` programs (default 500, each under both
+policies), derandomized and without an example database, so CI is
+reproducible; the default keeps this file around half a minute on a 2-core
+machine. Run thousands locally with
+``KBWORK_FUZZ_EXAMPLES=5000 pytest tests/test_fuzz.py``, and another stream of
+programs with ``KBWORK_FUZZ_SEED=<int>``; ``--hypothesis-show-statistics``
+lists the features the programs exercised and the steps the reference dropped.
+A failure prints the shrunk program as pseudo-code.
 """
 
 from __future__ import annotations
@@ -1349,7 +1352,18 @@ def expected_stages(prog: Program, step, topo) -> Counter:
 
 
 def check_op_log(run, prog: Program, built: Built) -> None:
-    """DESIGN §4-§6 on one op_log, recomputed from the program and the handles the kernel passed."""
+    """DESIGN §4-§6 on one op_log, recomputed from the program and the handles the kernel passed.
+
+    Schema and engines; every stage after its static dependencies; DISPATCH in
+    program order at the §4 cost and PLAN in dispatch order at 8 + 2 x ops; DMA
+    and FETCH latencies; at most ``cmd_queue_depth`` commands in flight;
+    ``tl.wait``; ``iter`` and ``label``; each command's stages by kind and phase;
+    hazard order on byte ranges taken from the handles (rw_handles, outs and
+    recipe scratch written, operands read); strict-FIFO holds that block later
+    PLANs; DISPATCH and PLAN starting exactly when ready; the data engines
+    work-conserving and oldest-first; the within-command order and the shared
+    staging ring (:func:`_check_plan_rules`).
+    """
     log, P, topo = run.op_log, run.program, run.topology
     ncmd = prog.n_cmds
     assert list(log.columns) == COLUMNS and len(P.commands) == ncmd
