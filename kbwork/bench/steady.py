@@ -72,12 +72,12 @@ def compare_flatness(kv_lens: tuple[int, int] = (4096, 1048576), repeats: int = 
 
 def sweep_points(n_points: int) -> dict[str, list]:
     """Sweep axes with about ``n_points`` points (FIXED x R x tile x kv_len)."""
-    fixed = list(range(0, 400, 4))                                  # 100 values
     r = [0.0, 0.0625, 0.125, 0.25, 0.5]
     tiles = [64, 128]
     kv = [4096, 8192, 16384, 32768, 65536]
     per = len(r) * len(tiles) * len(kv)
-    return dict(fixed_cycles=fixed[:max(1, -(-n_points // per))], r_cycles_per_byte=r, tile=tiles, kv_len=kv)
+    fixed = list(range(0, 4 * max(1, -(-n_points // per)), 4))  # FIXED 0, 4, 8, ... as many as it takes
+    return dict(fixed_cycles=fixed, r_cycles_per_byte=r, tile=tiles, kv_len=kv)
 
 
 def sweep_scaling(n_points: int = 10_000, dask: bool = True) -> dict[str, Any]:
