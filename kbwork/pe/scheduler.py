@@ -17,7 +17,7 @@ from ..config import Topology
 from .commands import Command, DmaCmd, dispatch_cycles
 from .engines import Latency
 from .stages import Phase, StageKind, StageTable
-from .templates import PLAN_CACHE, SEEN_ONCE, UNSEEN, PlanTemplate, record, stamp
+from .templates import PLAN_CACHE, SEEN_ONCE, UNSEEN, PlanTemplate, record, signature_key, stamp
 from .tiling import StagingRing, generate_plan_from_ops
 
 #: A byte range in one memory: (space is TCM, first byte, one past the last); ``Handle.span``.
@@ -157,11 +157,7 @@ def schedule(commands: Sequence[Command], topo: Topology, *, waits: Sequence[tup
         prev_d, prev_p = (d,), (p,)
         dispatch_seq.append(d)
         fps.append(footprint(cmd))
-        key = None
-        if plans is not None and not is_dma:
-            key = tuple([op.signature for op in ops])
-            if None in key:
-                key = None
+        key = signature_key(cmd) if plans is not None and not is_dma else None
         if key is None:
             generate_plan_from_ops(cmd, topo, table, ring, lat, after=(p,))
             continue

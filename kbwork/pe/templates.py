@@ -31,11 +31,10 @@ from ..config import Topology
 from . import ops
 from .commands import CompositeCmd
 from .engines import Latency
-from .stages import StageKind, StageTable
+from .stages import StageTable
 from .tiling import StagingRing, generate_plan_from_ops, named_handles
 
 _AFTER = -1  # the stage the plan's roots follow (the command's PLAN)
-_MATH = int(StageKind.MATH)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +50,6 @@ class PlanTemplate:
     ``externals``: ``(pred code, slot, relative buffer)`` of every ring marker the rows use.
     ``ring``: per slot the plan takes buffers from, ``(slot, buffers taken,
     ((relative buffer, local stage that last consumes it), ...))``.
-    ``math_only``: every stage is a MATH stage (a plain chain).
     """
 
     rows: tuple[tuple, ...]
@@ -59,7 +57,6 @@ class PlanTemplate:
     paths: tuple[tuple[int, str | None], ...]
     externals: tuple[tuple[int, str, int], ...]
     ring: tuple[tuple[str, int, tuple[tuple[int, int], ...]], ...]
-    math_only: bool
 
     def __repr__(self) -> str:
         taken = {slot: n for slot, n, _ in self.ring}
@@ -188,8 +185,8 @@ PLAN_CACHE = PlanCache()
 
 
 def signature_key(cmd: CompositeCmd) -> Optional[tuple]:
-    """The template key of a composite: its ops' signatures, or None if one is unknown."""
-    key = tuple(op.signature for op in cmd.ops)
+    """The plan cache's key of a composite: its ops' signatures, or None if one is unknown."""
+    key = tuple([op.signature for op in cmd.ops])
     return None if None in key else key
 
 
@@ -235,8 +232,7 @@ def record(cmd: CompositeCmd, topo: Topology, lat: Latency) -> PlanTemplate | No
                                                     if local >= 0))
                      for slot in ring.SLOTS if ring._count[slot])
     used_paths = tuple(paths[i] for i, _ in sorted(used.items(), key=lambda ik: ik[1]))
-    return PlanTemplate(tuple(rows), tuple(tensors), used_paths, externals, ring_use,
-                        all(row[0] == _MATH for row in rows))
+    return PlanTemplate(tuple(rows), tuple(tensors), used_paths, externals, ring_use)
 
 
 def _names(cmd: CompositeCmd, paths: tuple[tuple[int, str | None], ...]) -> list[str] | None:
