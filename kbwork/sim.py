@@ -150,16 +150,18 @@ class Simulator:
         """:meth:`run`; ``snapshots`` (command id -> None) is filled with the event loop's state at those
         commands' DISPATCH (``pe.timeline.Snapshot``, timing mode; the steady-state proof reads them);
         ``durations(program)``, if given, replaces every stage's duration (``analysis.what_if``)."""
-        tcm = self.memory.new_tcm()
-        ring_bytes = StagingRing.bytes_for(self.topo)
-        staging = tcm.alloc("<staging buffers>", (ring_bytes // 4,), "fp32")
+        tcm, staging = self._new_launch()
         with gc_paused():
             return self._run(kernel, staging, tcm, args, kwargs, snapshots, durations)
 
+    def _new_launch(self) -> tuple[Any, Handle]:
+        """A fresh TCM for a kernel launch, with the scheduler's staging buffers allocated first."""
+        tcm = self.memory.new_tcm()
+        return tcm, tcm.alloc("<staging buffers>", (StagingRing.bytes_for(self.topo) // 4,), "fp32")
+
     def _program(self, kernel, args, kwargs) -> Program:
         """Emit and schedule ``kernel`` (timing, no simulation): the static program a run would simulate."""
-        tcm = self.memory.new_tcm()
-        staging = tcm.alloc("<staging buffers>", (StagingRing.bytes_for(self.topo) // 4,), "fp32")
+        _, staging = self._new_launch()
         with gc_paused():
             tl = TLContext(self.topo, self.memory)
             kernel(tl, *args, **kwargs)
