@@ -28,8 +28,8 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-from .errors import ValidationError
-from .oplog import STAGE_NAMES, check_schema, engine_tracks, require_columns
+from ..errors import ValidationError
+from ..oplog import STAGE_NAMES, check_schema, engine_tracks, require_columns
 
 #: One colour per stage kind (colour-blind friendly, Okabe-Ito based).
 STAGE_COLORS = {
@@ -115,7 +115,7 @@ def describe(params: Mapping[str, Any]) -> str:
 
 def _run_parts(x: Any) -> tuple[pd.DataFrame, Any, dict | None]:
     """``(op_log, Run or None, decode params or None)`` of an op_log, a Run or a decode.DecodeRun."""
-    from .sim import Run
+    from ..sim import Run
 
     if isinstance(x, pd.DataFrame):
         return x, None, None
@@ -526,7 +526,7 @@ def gantt_or_utilization(op_log: pd.DataFrame, ax: plt.Axes | None = None,
     Returns:
         The Axes; ``ax.get_gid()`` is ``"gantt"`` or ``"utilization"`` (which one was drawn).
     """
-    from .analysis import utilization_over_time as util_over_time
+    from ..analysis import utilization_over_time as util_over_time
 
     if ax is None:
         ax = _new_axes((12, 3.4))
@@ -1190,7 +1190,7 @@ def cycles_bars(sweep_df: pd.DataFrame, group: str = "hazard_policy", ax: plt.Ax
     Raises:
         ValidationError: ``group`` is not a column, or ``order`` misses a group.
     """
-    from .config import HAZARD_POLICIES
+    from ..config import HAZARD_POLICIES
 
     if group not in sweep_df.columns:
         raise ValidationError(f"cycles_bars: no column {group!r} in the sweep.")

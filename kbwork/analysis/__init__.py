@@ -20,11 +20,11 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from .config import Topology, exact_fraction
-from .errors import ValidationError
-from .oplog import ENGINE_NAMES, check_schema, engine_tracks, require_columns
-from .pe.commands import Command, dispatch_cycles
-from .pe.timeline import CAUSES, simulate
+from ..config import Topology, exact_fraction
+from ..errors import ValidationError
+from ..oplog import ENGINE_NAMES, check_schema, engine_tracks, require_columns
+from ..pe.commands import Command, dispatch_cycles
+from ..pe.timeline import CAUSES, simulate
 
 GATE_FACTOR = 2.0
 
@@ -473,7 +473,7 @@ def waits(run) -> pd.DataFrame:
 
 def _resolve_run(run_or_params: Any):
     """A :class:`~kbwork.Run` from a Run, a ``decode.DecodeRun`` or a dict of ``decode.run`` parameters."""
-    from .sim import Run
+    from ..sim import Run
 
     if isinstance(run_or_params, Run):
         return run_or_params
@@ -481,7 +481,7 @@ def _resolve_run(run_or_params: Any):
     if isinstance(inner, Run):
         return inner
     if isinstance(run_or_params, dict):
-        from . import decode  # here, not at the top: decode imports this module
+        from .. import decode  # here, not at the top: decode imports this module
 
         params = dict(run_or_params)
         variant = params.pop("variant", None)
@@ -714,7 +714,7 @@ def explain(run_or_decode_run: Any, name: str | None = None, *, top: int = 5,
     Raises:
         ValidationError: not a run, or a bad ``top`` or ``saturated``.
     """
-    from .sim import Run
+    from ..sim import Run
 
     inner = getattr(run_or_decode_run, "run", None)
     run = run_or_decode_run if isinstance(run_or_decode_run, Run) else inner if isinstance(inner, Run) else None
@@ -826,7 +826,7 @@ def attribution_table(explanations: Any) -> pd.DataFrame:
 
 
 def _resolve_run_only(x: Any):
-    from .sim import Run
+    from ..sim import Run
 
     inner = getattr(x, "run", None)
     if isinstance(x, Run):
