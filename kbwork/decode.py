@@ -22,10 +22,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from . import analysis, atomic, steady
+from . import analysis, atomic
 from .config import Topology, load_topology
+from .device.steady import check_steady_state
 from .errors import ConfigError, ValidationError
-from .kernels.gqa_decode import DEFAULT_VARIANTS, VARIANTS, gqa_decode, loop_layout
+from .kernels.gqa_decode import DEFAULT_VARIANTS, VARIANTS, gqa_decode
 from .memory import DTYPES, canonical_dtype
 from .sim import MODES, Run, Simulator
 
@@ -249,7 +250,7 @@ class DecodeRun:
 def run(variant: str, *, kv_len: int = 4096, group: int = 8, head_dim: int = 128, tile: int = 128,
         dtype: str = "bf16", mode: str = "data", topology: Topology | str | None = None, seed: int = 0,
         q: np.ndarray | None = None, k: np.ndarray | None = None, v: np.ndarray | None = None,
-        steady_state: bool | None = None, **overrides: Any) -> DecodeRun:
+        steady_state: bool = True, **overrides: Any) -> DecodeRun:
     """Simulate one decode variant.
 
     Args:
@@ -260,10 +261,10 @@ def run(variant: str, *, kv_len: int = 4096, group: int = 8, head_dim: int = 128
         topology: a Topology, a topology name or path; ``None`` for the default.
         seed: seeds the standard-normal inputs when q, k, v are not given.
         q, k, v: explicit float arrays (rounded to ``dtype``); they set group, head_dim and kv_len.
-        steady_state: timing mode computes a long run from a short one once its
-            schedule is proven periodic (:mod:`kbwork.steady`; identical
-            results); ``False`` forces the full simulation. Data mode always
-            runs in full. ``run.steady_state`` says which path ran.
+        steady_state: timing mode inserts the tile loop's remaining periods once
+            its schedule is proven periodic (DESIGN.md §12; identical results);
+            ``False`` forces the full simulation. Data mode always runs in full.
+            ``run.steady_state`` says which path ran. ``True`` or ``False`` only.
         **overrides: flat topology keys (``fixed_cycles=0``, ``hazard_policy="rw_aware"``, ...).
 
     Returns:
@@ -293,25 +294,12 @@ def run(variant: str, *, kv_len: int = 4096, group: int = 8, head_dim: int = 128
         group, head_dim = q.shape
         kv_len = k.shape[0]
     _check_sizes(kv_len=kv_len, group=group, head_dim=head_dim, tile=tile)
-    if steady_state not in (None, True, False):
-        raise ValidationError(f"decode.run: steady_state must be True, False or None, got {steady_state!r}.")
+    check_steady_state(steady_state, "decode.run")
     if mode == "data" and q is None:
         _check_data_bytes(kv_len, group, head_dim)
     params = dict(kv_len=int(kv_len), group=int(group), head_dim=int(head_dim), tile=int(tile), dtype=dtype,
                   mode=mode, seed=int(seed), fixed_cycles=topo.fixed_cycles, r_cycles_per_byte=topo.r_cycles_per_byte,
                   hazard_policy=topo.hazard_policy, topology=topo.name)
-    if mode == "timing":
-        loop = _TimingLoop(topo, variant, int(group), int(head_dim), int(tile), dtype)
-        n_tiles = int(kv_len) // int(tile)
-        if steady_state is False:
-            r, state = None, steady.SteadyState("full", "steady_state=False")
-        else:
-            r, state = steady.run_steady(loop.program(), n_tiles)
-        if r is None:
-            r = loop.launch(n_tiles)
-        if state.path == "full":
-            r.steady_state = state
-        return DecodeRun(variant, r, params)
     sim = Simulator(topo, mode=mode)
     data = mode == "data"
     if data:
@@ -330,47 +318,13 @@ def run(variant: str, *, kv_len: int = 4096, group: int = 8, head_dim: int = 128
         kh = sim.hbm("K", shape=(kv_len, head_dim), dtype=dtype)
         vh = sim.hbm("V", shape=(kv_len, head_dim), dtype=dtype)
     out = sim.hbm("out", shape=(group, head_dim), dtype="fp32")
-    r = sim.run(gqa_decode, qh, kh, vh, out, variant=variant, tile=tile)
-    r.steady_state = steady.SteadyState("full", "data mode computes every number")
+    r = sim.run(gqa_decode, qh, kh, vh, out, variant=variant, tile=tile, steady_state=steady_state)
     res = DecodeRun(variant, r, params)
     if data:
         res.q, res.k, res.v = q, k, v
         res.m, res.l = (r.read(n).astype(np.float32) for n in ("m", "l"))
         res.O = r.read(out).astype(np.float32)
     return res
-
-
-class _TimingLoop:
-    """A timing-mode decode of any number of tiles (same topology, variant and sizes): what the steady
-    state (:mod:`kbwork.steady`) builds its short runs and the full program from."""
-
-    def __init__(self, topo: Topology, variant: str, group: int, head_dim: int, tile: int, dtype: str):
-        self.topo, self.variant, self.group, self.head_dim, self.tile, self.dtype = \
-            topo, variant, group, head_dim, tile, dtype
-
-    def _sim(self, n_tiles: int) -> tuple[Simulator, tuple]:
-        sim = Simulator(self.topo, mode="timing")
-        G, d, N = self.group, self.head_dim, n_tiles * self.tile
-        handles = (sim.hbm("q", shape=(G, d), dtype=self.dtype), sim.hbm("K", shape=(N, d), dtype=self.dtype),
-                   sim.hbm("V", shape=(N, d), dtype=self.dtype), sim.hbm("out", shape=(G, d), dtype="fp32"))
-        return sim, handles
-
-    def launch(self, n_tiles: int, snapshots: dict | None = None, durations=None) -> Run:
-        sim, handles = self._sim(n_tiles)
-        return sim._launch(gqa_decode, handles, dict(variant=self.variant, tile=self.tile), snapshots, durations)
-
-    def emit(self, n_tiles: int):
-        sim, handles = self._sim(n_tiles)
-        return sim._program(gqa_decode, handles, dict(variant=self.variant, tile=self.tile))
-
-    def regions(self, run: Run) -> list[steady.Strided]:
-        K, V = run._hbm_names["K"], run._hbm_names["V"]
-        return [steady.Strided(h.name, h.addr, h.end, h.nbytes // h.shape[0], self.tile) for h in (K, V)]
-
-    def program(self) -> steady.LoopProgram:
-        return steady.LoopProgram(launch=self.launch, emit=self.emit,
-                                  boundaries=lambda n: loop_layout(self.variant, n)[0],
-                                  tail=lambda n: loop_layout(self.variant, n)[1], regions=self.regions)
 
 
 # --- the comparison ----------------------------------------------------------------------------

@@ -19,6 +19,14 @@ class ValidationError(KbworkError, ValueError):
     """A kernel emitted a command that breaks a design invariant."""
 
 
+class TraceError(ValidationError):
+    """A ``tl.range`` body used its symbolic index where a concrete value is needed, or broke a rule of
+    tracing (a nested ``tl.range``, a TCM allocation in the body outside a scratch scope, ...).
+
+    The message names the expression and the fix (DESIGN.md §13).
+    """
+
+
 class TcmOverflowError(KbworkError, MemoryError):
     """A TCM allocation does not fit in what is left of the TCM."""
 

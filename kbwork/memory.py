@@ -26,7 +26,8 @@ from typing import Iterator
 import ml_dtypes
 import numpy as np
 
-from .errors import TcmOverflowError, ValidationError
+from .errors import TcmOverflowError, TraceError, ValidationError
+from .symbolic import FIX, Index, LoopVar
 
 
 class Space(str, enum.Enum):
@@ -160,7 +161,10 @@ class Handle:
         return len(self.shape)
 
     def overlaps(self, other: "Handle") -> bool:
-        """True when both handles are in the same space and their byte ranges overlap."""
+        """True when both handles are in the same space and their byte ranges overlap (for a
+        :class:`LoopHandle`, in some iteration of its loop)."""
+        if isinstance(other, LoopHandle):
+            return other.overlaps(self)
         return (self.space == other.space and self.addr < other.end and other.addr < self.end
                 and self.nbytes > 0 and other.nbytes > 0)
 
@@ -168,6 +172,8 @@ class Handle:
         if not isinstance(key, slice) or key.step not in (None, 1):
             raise ValidationError(f"handle {self.name!r}: only contiguous row slices h[a:b] are supported, "
                                   f"got {key!r}.")
+        if isinstance(key.start, Index) or isinstance(key.stop, Index):
+            return LoopHandle.rows(self, key.start, key.stop)
         rows = self.shape[0]
         start = 0 if key.start is None else key.start
         stop = rows if key.stop is None else key.stop
@@ -187,6 +193,236 @@ class Handle:
 
 def _is_int(x: object) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _row_slice(h: Handle, start: int, stop: int, origin: "Origin | None" = None) -> Handle:
+    """``h[start:stop]`` without the range check (the representative of a slice in an empty loop may lie
+    outside its tensor: nothing is ever emitted for it)."""
+    row_bytes = h.nbytes // h.shape[0]
+    return Handle(f"{h.name}[{start}:{stop}]", h.space, h.addr + start * row_bytes,
+                  (stop - start,) + h.shape[1:], h.dtype, h.pinned, h.origin if origin is None else origin)
+
+
+def _affine_text(x: "Index | int") -> str:
+    return x.text if isinstance(x, Index) else str(x)
+
+
+def _at(x: "Index | int", i: int) -> int:
+    return x.at(i) if isinstance(x, Index) else x
+
+
+def _key(x: "Index | int") -> tuple:
+    return ("i", x.a, x.b) if isinstance(x, Index) else ("c", x)
+
+
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
+class LoopHandle(Handle):
+    """A handle that is a different tensor slice or ring slot in every iteration of a ``tl.range`` loop.
+
+    Made by slicing a handle with a symbolic index (``K[j*T:(j+1)*T]``), by
+    indexing a :class:`Ring` with one (``S[j + 1]``), or, for a TCM buffer
+    allocated in a body's scratch scope from such a handle, by its name. Its
+    own fields (``name``, ``addr``, ``shape``, ...) are iteration 0's, with the
+    symbolic text as the name (error messages show it). :meth:`at` is the
+    concrete :class:`Handle` of iteration ``i``; ``shape``, ``dtype``, ``space``
+    and pinning never change from one iteration to the next (slices have a
+    constant extent).
+
+    ``kind`` is ``"rows"`` (``root`` sliced by ``chain``, pairs of affine
+    bounds applied in order), ``"ring"`` (slot ``slot`` of ``slots``, then
+    ``chain``) or ``"named"`` (``root`` itself, named ``prefix.name_at(i)`` +
+    ``suffix``).
+    """
+
+    var: LoopVar | None = None
+    kind: str = "rows"
+    root: Handle | None = None
+    slots: tuple = ()
+    slot: "Index | None" = None
+    chain: tuple = ()
+    prefix: "LoopHandle | None" = None
+    suffix: str = ""
+
+    # --- construction ----------------------------------------------------------------------
+    @staticmethod
+    def rows(parent: Handle, start: object, stop: object) -> "LoopHandle":
+        """``parent[start:stop]`` with affine bounds (at least one symbolic) of constant extent.
+
+        Raises:
+            TraceError: bounds of two loops, or an extent that changes with the index.
+            ValidationError: a slice outside ``parent`` at the loop's first or last iteration.
+        """
+        rows = parent.shape[0]
+        start = 0 if start is None else start
+        stop = rows if stop is None else stop
+        for b in (start, stop):
+            if not isinstance(b, Index) and not _is_int(b):
+                raise ValidationError(f"handle {parent.name!r}: row slice bounds must be ints or tl.range indices, "
+                                      f"got {b!r}.")
+        var = parent.var if isinstance(parent, LoopHandle) else next(b.var for b in (start, stop)
+                                                                       if isinstance(b, Index))
+        if any(isinstance(b, Index) and b.var is not var for b in (start, stop)):
+            raise TraceError(f"{parent.name}[{_affine_text(start)}:{_affine_text(stop)}]: the index belongs to "
+                             f"another tl.range loop than the handle ({FIX}).")
+        if var.closed:
+            raise TraceError(f"{parent.name}[{_affine_text(start)}:{_affine_text(stop)}]: the tl.range loop of "
+                             f"this index has ended; use the index inside its body only.")
+        extent = stop - start
+        text = f"{parent.name}[{_affine_text(start)}:{_affine_text(stop)}]"
+        if isinstance(extent, Index):
+            raise TraceError(f"{text}: the extent {extent.text} changes with the index; a slice in a tl.range body "
+                             f"must have a constant extent (e.g. K[j*T:(j+1)*T]).")
+        if extent <= 0:
+            raise ValidationError(f"handle {parent.name!r}: row slice {text} is empty (extent {extent}).")
+        if var.iterations:
+            for i, which in ((0, "first"), (var.iterations - 1, "last")):
+                lo, hi = _at(start, i), _at(stop, i)
+                if not 0 <= lo < hi <= rows:
+                    raise ValidationError(
+                        f"handle {parent.name!r}: row slice {text} at the {which} iteration (j = {var.j_at(i)}) is "
+                        f"rows {lo}:{hi}, outside {parent.name}'s {rows} rows. Fix the bounds or the loop's range.")
+        if isinstance(parent, LoopHandle):
+            base = dict(kind=parent.kind, root=parent.root, slots=parent.slots, slot=parent.slot,
+                        chain=parent.chain + ((start, stop),))
+        else:
+            base = dict(kind="rows", root=parent, chain=((start, stop),))
+        rep = _row_slice(parent, _at(start, 0), _at(stop, 0))
+        return LoopHandle(text, rep.space, rep.addr, rep.shape, rep.dtype, rep.pinned, parent.origin,
+                          var=var, **base)
+
+    @staticmethod
+    def named(root: Handle, prefix: "LoopHandle", suffix: str) -> "LoopHandle":
+        """``root`` (a fixed buffer) under the name ``prefix.name_at(i) + suffix`` in iteration ``i``."""
+        return LoopHandle(prefix.name + suffix, root.space, root.addr, root.shape, root.dtype, root.pinned,
+                          root.origin, var=prefix.var, kind="named", root=root, prefix=prefix, suffix=suffix)
+
+    def __getitem__(self, key: object) -> "LoopHandle":
+        if not isinstance(key, slice) or key.step not in (None, 1):
+            raise ValidationError(f"handle {self.name!r}: only contiguous row slices h[a:b] are supported, "
+                                  f"got {key!r}.")
+        return LoopHandle.rows(self, key.start, key.stop)
+
+    # --- per iteration -------------------------------------------------------------------------
+    def at(self, i: int) -> Handle:
+        """The concrete handle of iteration ``i`` (0-based), named as a plain loop would name it."""
+        if self.kind == "named":
+            root = self.root
+            return Handle(self.prefix.name_at(i) + self.suffix, root.space, root.addr, root.shape, root.dtype,
+                          root.pinned, root.origin)
+        h = self.root if self.kind == "rows" else self.slots[self.slot.at(i) % len(self.slots)]
+        for lo, hi in self.chain:
+            h = _row_slice(h, _at(lo, i), _at(hi, i))
+        return h
+
+    def name_at(self, i: int) -> str:
+        """The name of iteration ``i``'s handle (``K[256:384]``)."""
+        if self.kind == "named":
+            return self.prefix.name_at(i) + self.suffix
+        name = self.root.name if self.kind == "rows" else self.slots[self.slot.at(i) % len(self.slots)].name
+        for lo, hi in self.chain:
+            name = f"{name}[{_at(lo, i)}:{_at(hi, i)}]"
+        return name
+
+    def span_at(self, i: int) -> tuple[bool, int, int]:
+        """``Handle.span`` of iteration ``i``'s handle."""
+        return self.at(i).span if self.kind != "rows" else (self.span[0], self.addr + self.stride * i,
+                                                            self.addr + self.stride * i + self.nbytes)
+
+    @property
+    def stride(self) -> int:
+        """Bytes the handle moves per iteration: a row slice's address is ``addr + stride·i``
+        (0 for ring slots and named buffers, which do not move affinely)."""
+        if self.kind != "rows":
+            return 0
+        row_bytes = self.root.nbytes // self.root.shape[0]
+        return row_bytes * sum(lo.a if isinstance(lo, Index) else 0 for lo, _ in self.chain)
+
+    @property
+    def symbolic_key(self) -> tuple:
+        """What tells two loop handles apart beyond their iteration-0 fields."""
+        return (self.kind, id(self.var), self.root, tuple(s.addr for s in self.slots),
+                None if self.slot is None else _key(self.slot),
+                tuple((_key(lo), _key(hi)) for lo, hi in self.chain),
+                None if self.prefix is None else self.prefix.symbolic_key, self.suffix)
+
+    def overlaps(self, other: Handle) -> bool:
+        """True when this handle and ``other`` overlap in some iteration of the loop."""
+        if self.space != other.space or not self.nbytes or not other.nbytes:
+            return False
+        n = self.var.iterations if self.var is not None else 1
+        for i in self._sample_iterations(other, n):
+            a = self.at(i)
+            b = other.at(i) if isinstance(other, LoopHandle) else other
+            if a.addr < b.end and b.addr < a.end:
+                return True
+        return False
+
+    def _sample_iterations(self, other: Handle, n: int) -> range | list[int]:
+        # ring slots repeat with the ring's period: every phase is one of the first lcm(periods) iterations;
+        # row slices move monotonically, so within a loop they are checked at every iteration only when few
+        if n <= 4096:
+            return range(max(n, 1))
+        period = max(self.var.periods | {1}) if self.var is not None else 1
+        return sorted(set(range(min(n, 4 * period))) | {n - 1})
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, LoopHandle) and self.name == other.name and self.addr == other.addr
+                and self.shape == other.shape and self.dtype == other.dtype and self.space is other.space
+                and self.symbolic_key == other.symbolic_key)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __repr__(self) -> str:
+        shape = "x".join(map(str, self.shape))
+        return f"LoopHandle({self.name!r}, {self.space.value}, {shape} {self.dtype}, per iteration of loop " \
+               f"{self.var.number if self.var is not None else '?'})"
+
+    def __reduce__(self):
+        raise ValidationError(f"loop handle {self.name!r} lives in its tl.range body only; it cannot be pickled "
+                              f"or kept.")
+
+
+class Ring:
+    """``tl.ring(n, shape, dtype, name=)``: n TCM buffers a loop indexes cyclically (DESIGN.md §13).
+
+    ``ring[j + c]`` is slot ``(j + c) mod n`` in every iteration (a
+    :class:`LoopHandle`); ``ring[k]`` with a concrete ``k`` is slot ``k mod n``
+    (a plain handle), so a peeled last iteration names the right slot. The
+    slots are named ``<name>0 .. <name>{n-1}``.
+    """
+
+    __slots__ = ("name", "slots")
+
+    def __init__(self, name: str, slots: tuple[Handle, ...]):
+        self.name, self.slots = name, slots
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    def __getitem__(self, key: object) -> Handle:
+        n = len(self.slots)
+        if isinstance(key, Index):
+            var = key.var
+            if var.closed:
+                raise TraceError(f"{self.name}[{key.text}]: the tl.range loop of this index has ended; use the "
+                                 f"index inside its body only.")
+            var.periods.add(n // math.gcd(key.a, n) if key.a else 1)
+            rep = self.slots[key.at(0) % n]
+            return LoopHandle(f"{self.name}[{key.text}]", rep.space, rep.addr, rep.shape, rep.dtype, rep.pinned,
+                              rep.origin, var=var, kind="ring", slots=self.slots, slot=key)
+        if _is_int(key):
+            return self.slots[int(key) % n]
+        raise ValidationError(f"ring {self.name!r}: index it with an int or a tl.range index (S[j], S[j + 1]), "
+                              f"got {key!r}.")
+
+    def __iter__(self):
+        return iter(self.slots)
+
+    def __repr__(self) -> str:
+        s = self.slots[0]
+        shape = "x".join(map(str, s.shape))
+        return f"Ring({self.name!r}, {len(self.slots)} x {shape} {s.dtype} in TCM)"
 
 
 #: The largest tensor or memory kbwork will lay out (1 TiB): far beyond any PE, and small enough

@@ -20,9 +20,9 @@ import pandas as pd
 
 from . import atomic
 from .errors import FileError, ValidationError
-from .pe.scheduler import Program
+from .pe.scheduler import Schedule as Program
 from .pe.stages import Engine, Phase, StageKind, unit_names
-from .pe.timeline import Timeline
+from .device.records import Timeline
 
 COLUMNS = ("seq", "cmd", "iter", "label", "stage", "engine", "op_kind", "phase", "tile", "k_tile", "tensor",
            "bytes", "ready", "start", "end")

@@ -17,10 +17,10 @@ from .config import Topology, load_topology
 from .errors import SimulationError, ValidationError
 from .memory import DTYPE_MAX, DTYPES, Handle, Memory, Space, canonical_dtype, check_shape
 from .oplog import build_op_log, to_csv, to_perfetto
-from .pe.engines import DataExecutor
-from .pe.scheduler import Program, schedule
+from .device import CAUSES, Bindings, Timeline
+from .device.steady import check_steady_state, simulate_program
+from .pe.scheduler import Program
 from .pe.tiling import StagingRing
-from .pe.timeline import CAUSES, Bindings, Timeline, simulate
 from .triton_emu.tl_context import TLContext
 
 MODES = ("data", "timing")
@@ -131,67 +131,69 @@ class Simulator:
         self._hbm[name] = h
         return h
 
-    def run(self, kernel: Callable[..., Any], *args: Any, **kwargs: Any) -> "Run":
-        """Run ``kernel(tl, *args, **kwargs)`` and simulate the commands it emits.
+    def run(self, kernel: Callable[..., Any], *args: Any, steady_state: bool = True, **kwargs: Any) -> "Run":
+        """Run ``kernel(tl, *args, **kwargs)`` once and simulate the commands it emits.
+
+        Args:
+            kernel: ``def k(tl, *handles, **scalars)`` (DESIGN.md §2); called exactly once.
+            steady_state: timing mode: once a ``tl.range`` loop's schedule is proven periodic, insert
+                its remaining periods instead of simulating them (DESIGN.md §12; identical results).
+                Keyword-only and never passed to the kernel; must be a ``bool``. Data mode always
+                simulates every stage (it computes every number).
+            **kwargs: passed to the kernel.
 
         Returns:
-            A :class:`Run` with the op_log, the cycle count and (data mode) the numbers.
+            A :class:`Run` with the op_log, the cycle count and (data mode) the numbers;
+            ``run.steady_state`` says which path ran.
 
         Raises:
-            ValidationError, TcmOverflowError: from the kernel's ``tl`` calls.
+            ValidationError, TcmOverflowError: from the kernel's ``tl`` calls, or a ``steady_state``
+                that is not a bool.
             SimulationError: the program deadlocks, or emits no commands.
         """
         if not callable(kernel):
             raise ValidationError(f"Simulator.run expects a kernel function def k(tl, ...), got {kernel!r}.")
-        return self._launch(kernel, args, kwargs)
-
-    def _launch(self, kernel, args, kwargs, snapshots: dict | None = None,
-                durations: Callable[[Program], list[int]] | None = None) -> "Run":
-        """:meth:`run`; ``snapshots`` (command id -> None) is filled with the event loop's state at those
-        commands' DISPATCH (``pe.timeline.Snapshot``, timing mode; the steady-state proof reads them);
-        ``durations(program)``, if given, replaces every stage's duration (``analysis.what_if``)."""
-        tcm, staging = self._new_launch()
-        with gc_paused():
-            return self._run(kernel, staging, tcm, args, kwargs, snapshots, durations)
+        check_steady_state(steady_state, "Simulator.run")
+        return self._run(kernel, args, kwargs, steady_state)
 
     def _new_launch(self) -> tuple[Any, Handle]:
         """A fresh TCM for a kernel launch, with the scheduler's staging buffers allocated first."""
         tcm = self.memory.new_tcm()
         return tcm, tcm.alloc("<staging buffers>", (StagingRing.bytes_for(self.topo) // 4,), "fp32")
 
-    def _program(self, kernel, args, kwargs) -> Program:
-        """Emit and schedule ``kernel`` (timing, no simulation): the static program a run would simulate."""
-        _, staging = self._new_launch()
-        with gc_paused():
-            tl = TLContext(self.topo, self.memory)
-            kernel(tl, *args, **kwargs)
-            return schedule(tl.commands, self.topo, waits=tl.waits, staging_base=staging.addr)
-
-    def _run(self, kernel, staging, tcm, args, kwargs, snapshots: dict | None = None,
-             durations: Callable[[Program], list[int]] | None = None) -> "Run":
-        t0 = perf_counter()
+    def _trace(self, kernel, args, kwargs) -> tuple[TLContext, Any, Handle]:
+        """Call the kernel once on a fresh TCM: its context (trace, names), the TCM and the staging buffers."""
+        tcm, staging = self._new_launch()
         tl = TLContext(self.topo, self.memory)
         kernel(tl, *args, **kwargs)
-        if not tl.commands:
-            raise SimulationError(f"kernel {getattr(kernel, '__name__', kernel)!r} emitted no commands.")
-        data = self.mode == "data"
-        t1 = perf_counter()
-        prog = schedule(tl.commands, self.topo, waits=tl.waits, with_effects=data, staging_base=staging.addr)
-        t2 = perf_counter()
-        if data:
-            executor = DataExecutor(self.memory)
-            with executor.quiet():
-                timeline = simulate(prog, executor.apply)
-        else:
-            timeline = simulate(prog, dur=None if durations is None else durations(prog), snapshots=snapshots,
-                                window=prog.edge_reach() if snapshots is not None else 0)
-        t3 = perf_counter()
-        writes = _merge([(lo, hi) for ranges in prog.writes for is_tcm, lo, hi in ranges if not is_tcm])
-        self._hbm_writes.append(writes)
-        snapshot = tuple((lo, hi, self.memory.hbm.buf[lo:hi].copy()) for lo, hi in writes) if data else ()
-        run = Run(self, prog, timeline, dict(self._hbm), tl.names, tcm, len(self._hbm_writes) - 1, snapshot)
-        run.timings = {"emit": t1 - t0, "schedule": t2 - t1, "simulate": t3 - t2}
-        return run
+        return tl, tcm, staging
+
+    def _run(self, kernel, args, kwargs, steady_state: bool = True) -> "Run":
+        with gc_paused():
+            t0 = perf_counter()
+            tl, tcm, staging = self._trace(kernel, args, kwargs)
+            trace = tl.trace()
+            if not trace.n_commands:
+                raise SimulationError(f"kernel {getattr(kernel, '__name__', kernel)!r} emitted no commands.")
+            data = self.mode == "data"
+            t1 = perf_counter()
+            prog = Program(trace, self.topo, with_effects=data, staging_base=staging.addr)
+            timeline, sched, state = simulate_program(prog, self.memory if data else None,
+                                                      steady_state=steady_state and not data,
+                                                      why_full="data mode computes every number" if data else
+                                                      "steady_state=False")
+            t2 = perf_counter()
+            writes: tuple = ()
+            snapshot: tuple = ()
+            if data:
+                writes = _merge([(lo, hi) for ranges in sched.writes for is_tcm, lo, hi in ranges if not is_tcm])
+                snapshot = tuple((lo, hi, self.memory.hbm.buf[lo:hi].copy()) for lo, hi in writes)
+            self._hbm_writes.append(writes)
+            run = Run(self, sched, timeline, dict(self._hbm), tl.names, tcm, len(self._hbm_writes) - 1, snapshot)
+            run.steady_state = state
+            run._source = prog
+            run.timings = {"emit": t1 - t0, "simulate": t2 - t1}
+            return run
 
     def _read_hbm(self, h: Handle, run: "Run") -> np.ndarray:
         """``h``'s bytes as ``run`` left them: what it wrote from its snapshot, the rest from HBM if no later run moved it."""
@@ -252,7 +254,7 @@ class Run:
         op_log: one row per executed stage (built on first access).
         cycles: end-to-end cycles (the last stage's end).
         program: the scheduled :class:`Program` (commands and stage table).
-        timeline: what the event loop recorded (``pe.timeline.Timeline``: start,
+        timeline: what the event loop recorded (``device.records.Timeline``: start,
             end and ready of every stage, its unit, the hazard holds).
     """
 
@@ -348,6 +350,20 @@ class Run:
                                   f"({', '.join(repr(h) for h in valid)}); pass the handle instead of the name.")
         return valid[0] if valid else found[-1]
 
+    def rescaled(self, engine: int, factor: Any) -> "Run":
+        """This run's trace re-simulated in timing mode with every stage of ``engine`` (an ``Engine`` code)
+        taking ``ceil(d / factor)`` cycles instead of ``d`` (``analysis.what_if``); the steady state is used
+        as the run used it. The kernel is not called again."""
+        src = self._source
+        prog = Program(src.trace, src.topo, staging_base=src.staging_base, scale={int(engine): factor})
+        steady = self.steady_state is not None and self.steady_state.path == "steady"
+        timeline, sched, state = simulate_program(prog, None, steady_state=steady or self.mode == "data")
+        run = Run(self.sim, sched, timeline, self._hbm_names, self._tcm_names, self._tcm, self._index, ())
+        run.mode = "timing"
+        run.steady_state = state
+        run._source = prog
+        return run
+
     def to_csv(self, path: str | Path | None = None) -> str:
         """The canonical op_log CSV (written to ``path`` if given)."""
         return to_csv(self.op_log, path)
@@ -359,8 +375,8 @@ class Run:
 
     @property
     def bindings(self) -> Bindings:
-        """What bound each stage's start (``pe.timeline.Bindings``): ``run.bindings(seq)`` is
-        ``(cause code, stage)``, the code an index into ``pe.timeline.CAUSES``."""
+        """What bound each stage's start (``device.walk.Bindings``): ``run.bindings(seq)`` is
+        ``(cause code, stage)``, the code an index into ``device.walk.CAUSES``."""
         if self._bindings is None:
             self._bindings = Bindings(self.program, self.timeline)
         return self._bindings
@@ -371,12 +387,12 @@ class Run:
         From cycle 0 to ``cycles``: each row starts where the previous one
         ends. It ends at the lowest-seq stage among those ending at
         ``cycles`` and walks back through what bound each start; ties follow
-        the fixed order of ``pe.timeline`` (hazard, scheduler, wait, queue,
+        the fixed order of ``device.walk`` (hazard, scheduler, wait, queue,
         dependency, order; then the lowest seq).
 
         Returns:
             The path's op_log rows (a fresh index) plus ``cause``, a
-            categorical of ``pe.timeline.CAUSES``: what bound the row's start,
+            categorical of ``device.walk.CAUSES``: what bound the row's start,
             the link from the previous row (``dependency`` for the first row).
         """
         seqs, causes = self.bindings.critical_path()

@@ -314,5 +314,6 @@ def test_lowering_is_pure_equal_calls_give_equal_fresh_ops(tl):
     c0, c1, c2 = tl.commands[-3:]
     assert c0.ops == c1.ops and c0.ops is not c1.ops and c1.label == "again"
     assert c2.ops != c0.ops and c2.ops[0].out == z
-    assert set(vars(tl)) == {"topo", "mem", "hbm", "tcm", "commands", "waits", "names", "_iter", "_scopes",
-                             "_recipe_scratch", "_token"}  # nothing cached beside what the program owns
+    assert set(vars(tl)) == {"topo", "mem", "hbm", "tcm", "waits", "names", "_segments", "_plain", "_plain_first",
+                             "_ncmd", "_loop", "_n_loops", "_broken", "_iter", "_scopes", "_recipe_scratch",
+                             "_token"}  # nothing cached beside what the program owns (its trace so far)

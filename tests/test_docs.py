@@ -10,7 +10,7 @@ import pytest
 
 import kbwork
 from kbwork.oplog import COLUMNS
-from kbwork.pe.timeline import CAUSES, TIE_ORDER
+from kbwork.device import CAUSES, TIE_ORDER
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 README = DOCS.parent / "README.md"

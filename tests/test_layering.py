@@ -12,7 +12,7 @@ PE_FILES = layering.pe_files()
 
 def test_the_pe_package_has_the_expected_modules():
     names = {p.stem for p in PE_FILES}
-    assert {"commands", "ops", "stages", "engines", "tiling", "scheduler", "timeline"} <= names
+    assert {"commands", "ops", "stages", "engines", "tiling", "scheduler", "program"} <= names
 
 
 @pytest.mark.parametrize("path", PE_FILES, ids=lambda p: p.name)

@@ -19,7 +19,7 @@ import pytest
 import kbwork
 from kbwork import analysis, decode
 from kbwork.kernels.gemm import BENCHES
-from kbwork.pe.timeline import CAUSES
+from kbwork.device import CAUSES
 from test_core_timeline import RANDOM_SEEDS, _footprint, _overlap, build_and_run, make_program
 
 ceil = math.ceil

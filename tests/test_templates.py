@@ -17,7 +17,7 @@ from kbwork.oplog import build_op_log, to_csv
 from kbwork.pe import templates
 from kbwork.pe.engines import Latency
 from kbwork.pe.scheduler import schedule
-from kbwork.pe.timeline import simulate
+from kbwork.device import simulate
 
 from test_core_timeline import build_and_run, make_program  # rootdir-relative: tests/ is on sys.path
 
@@ -149,14 +149,20 @@ def test_a_template_has_a_readable_repr():
     assert repr(tpl) == "PlanTemplate(4 stages, staging buffers taken {'b': 1})"
 
 
-def test_a_sealed_stage_table_reads_the_same_and_can_grow_again():
-    run = decode.run("opt3", kv_len=256, mode="timing").run
+def test_the_stage_table_reads_its_command_blocks_as_absolute_dependencies():
+    """A table keeps each command's dependencies relative to its first stage (so a template extends lists);
+    ``preds`` reads them back absolute, local ones first, and ``lsucc`` is exactly their reverse."""
+    run = decode.run("opt3", kv_len=256, mode="timing", steady_state=False).run
     table = run.program.table
-    assert table.rows is None and len(table) == run.n_stages  # sealed by schedule
-    cols = {f: table.column(f) for f in ("kind", "cmd", "tensor", "dur", "preds")}
-    text = table.describe(5)
-    seq = table.add(*(table.column(f)[5] for f in ("kind", "phase", "cmd", "op_kind", "tile", "k_tile", "tensor",
-                                                    "nbytes", "dur", "preds", "effects")))
-    assert seq == run.n_stages and len(table) == run.n_stages + 1 and table.rows is not None
-    assert all(table.column(f)[:seq] == c for f, c in cols.items())
-    assert table.describe(seq).split(":", 1)[1] == text.split(":", 1)[1] and "StageTable(" in repr(table)
+    assert len(table) == run.n_stages == len(table.preds)
+    for s in range(len(table)):
+        ps = table.preds[s]
+        b = table.cbase[table.cmd[s]]
+        assert all(q < s for q in ps)
+        assert [q for q in ps if q >= b] == [b + x for x in table.lpreds[s]]
+        assert all(q < b for q in table.xpreds[s])
+        for y in table.lsucc[s]:
+            assert table.kind[b + y] > 1 and s - b in table.lpreds[b + y]
+    assert list(table.preds)[7] == table.preds[7] == table.preds[7 - len(table)]
+    assert table.preds[3:6] == [table.preds[i] for i in (3, 4, 5)]
+    assert "StageTable(" in repr(table) and table.describe(5).startswith("seq 5: ")

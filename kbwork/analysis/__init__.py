@@ -24,7 +24,7 @@ from ..config import Topology, exact_fraction
 from ..errors import ValidationError
 from ..oplog import ENGINE_NAMES, check_schema, engine_tracks, require_columns
 from ..pe.commands import Command, dispatch_cycles
-from ..pe.timeline import CAUSES, simulate
+from ..device import CAUSES, simulate
 
 GATE_FACTOR = 2.0
 
@@ -244,7 +244,7 @@ def attribution(run) -> pd.DataFrame:
 
     Returns:
         Long form: ``by`` (``"engine"`` or ``"cause"``), ``name`` (every engine
-        unit in track order, then every cause of ``pe.timeline.CAUSES``, zeros
+        unit in track order, then every cause of ``device.walk.CAUSES``, zeros
         included), ``cycles`` and ``fraction`` (of ``run.cycles``).
     """
     run = _resolve_run_only(run)
@@ -534,17 +534,7 @@ def what_if(run_or_params: Any, engine: str | Sequence[str] | None = None, speed
     factor = exact_fraction(speedup)
     rows = []
     for name in names:
-        e = ENGINE_NAMES.index(name)
-
-        def scaled(prog, e=e) -> list[int]:
-            return [-(-d * factor.denominator // factor.numerator) if k == e else d
-                    for d, k in zip(prog.table.dur, prog.table.engine)]
-
-        if hasattr(run, "with_durations"):  # a steady-state run: re-simulate the short program the same way
-            cycles = run.with_durations(scaled).cycles
-        else:
-            dur = scaled(run.program)
-            cycles = int(simulate(run.program, dur=dur).end.max()) if len(dur) else 0
+        cycles = run.rescaled(ENGINE_NAMES.index(name), factor).cycles
         base = run.cycles
         rows.append({"engine": name, "speedup": float(speedup), "baseline_cycles": base, "cycles": cycles,
                      "change_cycles": cycles - base, "change": (cycles - base) / base if base else 0.0,

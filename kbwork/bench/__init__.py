@@ -152,7 +152,7 @@ def _time_references(prog) -> dict[str, Any]:
     All three run under the same conditions (cyclic GC paused, as in a run),
     each with a warm-up call and the same time budget.
     """
-    from ..pe.timeline import simulate
+    from ..device import simulate
     from ..sim import gc_paused
     from .references import heap_floor, resolved_graph, simpy_replay
 

@@ -22,9 +22,9 @@ from heapq import heappop, heappush
 
 import numpy as np
 
-from ..pe.scheduler import Program
+from ..pe.scheduler import Schedule as Program
 from ..pe.stages import engine_table
-from ..pe.timeline import simulate
+from ..device import simulate
 
 
 @dataclass

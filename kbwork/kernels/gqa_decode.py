@@ -1,4 +1,4 @@
-"""GQA decode attention for one KV head, and the registry of its variants (DESIGN.md §7).
+"""GQA decode attention for one KV head, and the registry of its variants (DESIGN.md §7, §13).
 
 Q is (G, d), K and V are (N, d) in HBM, processed in tiles of T rows. Every
 variant shares the program order of DESIGN.md §7, so the comparison is fair:
@@ -7,9 +7,17 @@ variant shares the program order of DESIGN.md §7, so the comparison is fair:
 if there is a next tile, then the variant's merge of tile j; then
 ``div_bcast(O, l)`` and ``tl.store(O, out)``.
 
+The loop over tiles is a ``tl.range`` (traced once; DESIGN.md §13): its body
+is ``qk(j + 1)`` and the merge of tile ``j``, the last tile's merge is peeled
+after it, and the score tiles live in a two-slot ``tl.ring`` (``S[j]`` is
+slot ``j mod 2``). The program therefore knows its loop — where it starts,
+how many commands an iteration has, its period — and nothing about it is
+declared by hand.
+
 A variant is one function that emits the merge of tile j — the online-softmax
-update of (m, l, O) with the scores S[j % 2] and the product with V_j — plus
-its entry in :data:`VARIANTS`:
+update of (m, l, O) with the scores ``S[j]`` and the product with ``V_j`` —,
+an optional ``setup`` that allocates its kernel-scope scratch before the
+loop, and its entry in :data:`VARIANTS`:
 
 * ``opt2`` (2 commands per tile): one composite, the ``softmax_merge`` recipe
   as the prologue of ``gemm(P, V_j) + add O``.
@@ -19,8 +27,11 @@ its entry in :data:`VARIANTS`:
   alone as a MATH-only composite, then ``pv`` reading P from its completion's
   ``primary_out``.
 
-To add a variant, write its merge function and register it; ``decode.run``,
-``compare``, ``sweep``, the CLI and the calibration panel pick it up.
+To add a variant, write its merge function and register it
+(``VARIANTS["mine"] = Variant("mine", merge)``); ``decode.run``,
+``compare``, ``sweep``, the CLI and the calibration panel pick it up. A merge
+runs once per trace, with symbolic ``Sj`` and ``Vj``: Python code in it runs
+once, not once per tile.
 """
 
 from __future__ import annotations
@@ -30,18 +41,19 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..errors import ValidationError
-from ..memory import Handle
+from ..memory import Handle, Ring
 from ..triton_emu.tl_context import TLContext
 
 
 @dataclass
 class DecodeState:
-    """What a merge works on: the running state, the score buffers, and any variant-owned scratch."""
+    """What a merge works on: the running state, the score ring ``S`` (``S[j]`` is tile j's), and any
+    variant-owned scratch (``setup`` fills ``scratch``)."""
 
     m: Handle
     l: Handle
     O: Handle
-    S: tuple[Handle, Handle]
+    S: Ring
     scratch: dict[str, Handle] = field(default_factory=dict)
 
 
@@ -50,17 +62,16 @@ class Variant:
     """A decode variant: ``merge(tl, state, Sj, Vj)`` emits the merge of one tile.
 
     ``setup(tl, state)``, if given, allocates kernel-scope scratch once, before
-    the first ``qk``. ``commands_per_tile`` is what the merge plus ``qk`` emit.
+    the loop (a ``tl.range`` body allocates no TCM).
     """
 
     name: str
     merge: Callable[[TLContext, DecodeState, Handle, Handle], None]
-    commands_per_tile: int
-    doc: str
+    doc: str = ""
     setup: Callable[[TLContext, DecodeState], None] | None = None
 
     def __repr__(self) -> str:
-        return f"Variant({self.name}: {self.commands_per_tile} commands per tile)"
+        return f"Variant({self.name}: {self.doc or self.merge.__name__})"
 
 
 def _merge_opt2(tl: TLContext, st: DecodeState, Sj: Handle, Vj: Handle) -> None:
@@ -97,30 +108,15 @@ def _merge_a1(tl: TLContext, st: DecodeState, Sj: Handle, Vj: Handle) -> None:
                  label="pv")
 
 
-#: Every decode variant by name (DESIGN.md §7, §10).
+#: Every decode variant by name (DESIGN.md §7, §10, §13): the one registry. Registering a variant here
+#: makes ``decode.run`` and everything above it see it (``decode.VARIANTS`` is this object).
 VARIANTS: dict[str, Variant] = {v.name: v for v in (
-    Variant("opt2", _merge_opt2, 2, "the softmax merge fused as a recipe prologue of pv"),
-    Variant("opt3", _merge_opt3, 10, "the merge as eight MATH composites, then pv", setup=_setup_opt3),
-    Variant("a1", _merge_a1, 3, "the merge recipe as a MATH-only composite, then pv (ADR-0065 A1)"),
+    Variant("opt2", _merge_opt2, "the softmax merge fused as a recipe prologue of pv"),
+    Variant("opt3", _merge_opt3, "the merge as eight MATH composites, then pv", setup=_setup_opt3),
+    Variant("a1", _merge_a1, "the merge recipe as a MATH-only composite, then pv (ADR-0065 A1)"),
 )}
 #: What compare, sweep, the CLI and the panel run unless told otherwise.
 DEFAULT_VARIANTS = ("opt2", "opt3")
-
-
-#: Commands before the loop: tl.load(q), the three fills, qk(0).
-PROLOGUE_COMMANDS = 5
-
-
-def loop_layout(variant: str, n_tiles: int) -> tuple[list[int], int]:
-    """Where each loop iteration starts in the program :func:`gqa_decode` emits.
-
-    Returns:
-        ``(boundaries, tail)``: the command id of the first command of every
-        iteration j < n_tiles - 1 (its ``qk(j+1)``), and that of the last
-        iteration, which has no next tile and starts the irregular tail.
-    """
-    c = VARIANTS[variant].commands_per_tile
-    return [PROLOGUE_COMMANDS + j * c for j in range(n_tiles - 1)], PROLOGUE_COMMANDS + (n_tiles - 1) * c
 
 
 def gqa_decode(tl: TLContext, q: Handle, k: Handle, v: Handle, out: Handle, *, variant: str, tile: int) -> None:
@@ -137,7 +133,7 @@ def gqa_decode(tl: TLContext, q: Handle, k: Handle, v: Handle, out: Handle, *, v
     N = k.shape[0]
     if k.shape != (N, d) or v.shape != (N, d):
         raise ValidationError(f"decode: K {k.shape} and V {v.shape} must both be (kv_len, head_dim={d}).")
-    if tile <= 0 or N % tile:
+    if not isinstance(tile, int) or tile <= 0 or N % tile:
         raise ValidationError(f"decode: kv_len {N} is not a multiple of tile {tile}; pick a kv_len that is "
                               f"(ragged last tiles are not supported).")
     n_tiles = N // tile
@@ -147,20 +143,23 @@ def gqa_decode(tl: TLContext, q: Handle, k: Handle, v: Handle, out: Handle, *, v
     m = tl.full((G, 1), -math.inf, "fp32", name="m", label="fill m")
     l = tl.full((G, 1), 0.0, "fp32", name="l", label="fill l")
     O = tl.full((G, d), 0.0, "fp32", name="O", label="fill O")
-    st = DecodeState(m, l, O, (tl.alloc((G, tile), "fp32", name="S0"), tl.alloc((G, tile), "fp32", name="S1")))
+    st = DecodeState(m, l, O, tl.ring(2, (G, tile), "fp32", name="S"))
     if spec.setup is not None:  # kernel-scope scratch, allocated once
         spec.setup(tl, st)
 
-    def qk(j: int) -> None:
+    def qk(j) -> None:
         with tl.iteration(j):
-            tl.composite(op="gemm", a=Q, b=k[j * tile:(j + 1) * tile], trans_b=True, out=st.S[j % 2],
+            tl.composite(op="gemm", a=Q, b=k[j * tile:(j + 1) * tile], trans_b=True, out=st.S[j],
                          epilogue=[{"op": "scale", "factor": scale}], label="qk")
 
-    qk(0)
-    for j in range(n_tiles):
-        if j + 1 < n_tiles:
-            qk(j + 1)
+    def merge(j) -> None:
         with tl.iteration(j):
-            spec.merge(tl, st, st.S[j % 2], v[j * tile:(j + 1) * tile])
+            spec.merge(tl, st, st.S[j], v[j * tile:(j + 1) * tile])
+
+    qk(0)
+    for j in tl.range(n_tiles - 1):  # the body is traced once; j is symbolic
+        qk(j + 1)
+        merge(j)
+    merge(n_tiles - 1)               # the last tile, peeled: it has no next tile
     tl.composite(op="math", math_op="div_bcast", a=O, b=l, out=O, label="div_bcast O")
     tl.store(O, out, label="dma_store O")

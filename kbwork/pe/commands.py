@@ -52,6 +52,8 @@ class Completion:
     cmd: int
     primary_out: Handle | None = field(default=None, compare=False)
     origin: object = field(default=None, compare=False, repr=False)
+    #: for a command of a ``tl.range`` body: its loop variable (``cmd`` is then iteration 0's id)
+    loop: object = field(default=None, compare=False, repr=False)
 
     def __repr__(self) -> str:
         po = f", primary_out={self.primary_out.name}" if self.primary_out is not None else ""
@@ -212,6 +214,9 @@ class DmaCmd:
     dst: Handle
     label: str = ""
     iter: int = -1
+    #: in a ``tl.range`` body, a default label that names a source differing per iteration: the prefix
+    #: (``"dma_load "``) the instantiated command's label puts before its source's name
+    auto_label: str | None = field(default=None, compare=False, repr=False)
 
     #: 8 for the op plus 8 per handle (src, dst).
     logical_bytes = LOGICAL_BYTES_PER_OP + 2 * LOGICAL_BYTES_PER_HANDLE

@@ -9,6 +9,7 @@ scheduling bug shows up as a wrong number.
 from __future__ import annotations
 
 import math
+from typing import Mapping, NamedTuple
 
 import numpy as np
 
@@ -67,25 +68,94 @@ class Latency:
 
 
 # --- data mode --------------------------------------------------------------------------
-# Effect tuples (built by tiling, applied here); the first item names the action:
-#   ("copy_block", src, r0, r1, c0, c1, dst)   DMA: block of src -> whole dst (same dtype)
-#   ("fetch", key, a_src, b_src, trans_b)      FETCH: a/b blocks -> GEMM registers
-#       a_src/b_src = (handle, r0, r1, c0, c1)
-#   ("gemm", key, acc_key, first)              acc (+)= a @ b
-#   ("acc", kind, acc_key, other_block, extra) accumulator epilogue
-#   ("store_acc", acc_key, out, r0, r1, c0, c1) write the accumulator (rounded) into out
-#   ("math", kind, operands, extra, out)       MATH op on memory; operands name -> Handle
-#   ("math_acc", kind, target, operands, extra) accumulator op on a whole tensor in memory
-#   ("multi", effect, effect, ...)             several effects, in order
+# A stage's effect is a named record (built by tiling, applied here by the handler its type names).
+# A block is ``(handle, r0, r1, c0, c1)``: rows r0:r1 and columns c0:c1 of the handle (columns only of a 1-D one).
+class CopyBlock(NamedTuple):
+    """DMA: a block of ``src`` into the whole of ``dst`` (same dtype: a DMA copies bytes)."""
+
+    src: Handle
+    r0: int
+    r1: int
+    c0: int
+    c1: int
+    dst: Handle
+
+
+class Fetch(NamedTuple):
+    """FETCH: the a- and b-blocks of one GEMM tile into the GEMM's registers, as float32."""
+
+    key: tuple
+    a: tuple
+    b: tuple
+    trans_b: bool
+
+
+class GemmTile(NamedTuple):
+    """GEMM: ``acc (+)= a @ b`` from the registers ``key``; ``first`` starts the accumulator."""
+
+    key: tuple
+    acc: tuple
+    first: bool
+
+
+class AccOp(NamedTuple):
+    """An accumulator epilogue (``scale``, ``add``) on the running tile; ``other`` is a block or None."""
+
+    kind: str
+    acc: tuple
+    other: tuple | None
+    extra: Mapping
+
+
+class StoreAcc(NamedTuple):
+    """Write the accumulator (rounded to the out's dtype) into its block of ``out``."""
+
+    acc: tuple
+    out: Handle
+    r0: int
+    r1: int
+    c0: int
+    c1: int
+
+
+class MathOp(NamedTuple):
+    """A MATH op on memory: ``out = kind(operands, extra)``; operands name -> handle."""
+
+    kind: str
+    operands: Mapping
+    extra: Mapping
+    out: Handle
+
+
+class MathAcc(NamedTuple):
+    """An accumulator op on a whole tensor in memory: ``target = kind(target, operands, extra)``."""
+
+    kind: str
+    target: Handle
+    operands: Mapping
+    extra: Mapping
+
+
+class Effects(NamedTuple):
+    """Several effects of one stage, applied in order."""
+
+    items: tuple
 
 
 class DataExecutor:
-    """Applies stage effects to the memories in float32, rounding on every write."""
+    """Applies stage effects to the memories in float32, rounding on every write.
+
+    Each effect type has one handler (:attr:`handlers`); a new effect is a
+    new record type and a handler beside the others.
+    """
 
     def __init__(self, memory: Memory):
         self.mem = memory
         self.regs: dict[object, tuple[np.ndarray, np.ndarray]] = {}
         self.acc: dict[object, np.ndarray] = {}
+        self.handlers = {CopyBlock: self._copy_block, Fetch: self._fetch, GemmTile: self._gemm, AccOp: self._acc,
+                         StoreAcc: self._store_acc, MathOp: self._math, MathAcc: self._math_acc,
+                         Effects: self._many}
 
     def __repr__(self) -> str:
         return f"DataExecutor({len(self.acc)} live accumulators)"
@@ -102,39 +172,40 @@ class DataExecutor:
     def _f32(self, h: Handle) -> np.ndarray:
         return self.mem.arena(h).read_f32(h)  # read-only: every op below returns a new array
 
-    def apply(self, effect: tuple) -> None:
-        op = effect[0]
-        if op == "multi":
-            for e in effect[1:]:
-                self.apply(e)
-        elif op == "copy_block":
-            _, src, r0, r1, c0, c1, dst = effect
-            self.mem.arena(dst).view(dst)[...] = self._block(src, r0, r1, c0, c1).reshape(dst.shape)
-        elif op == "fetch":
-            _, key, a_src, b_src, trans_b = effect
-            a = self._block(*a_src).astype(np.float32)
-            b = self._block(*b_src).astype(np.float32)
-            self.regs[key] = (a, b.T if trans_b else b)
-        elif op == "gemm":
-            _, key, acc_key, first = effect
-            a, b = self.regs.pop(key)
-            prod = a @ b
-            self.acc[acc_key] = prod if first else self.acc[acc_key] + prod
-        elif op == "acc":
-            _, kind, acc_key, other, extra = effect
-            args = {"other": np.asarray(self._block(*other), dtype=np.float32)} if other is not None else {}
-            self.acc[acc_key] = apply_math(kind, args, extra, self.acc[acc_key])
-        elif op == "store_acc":
-            _, acc_key, out, r0, r1, c0, c1 = effect
-            block = self._block(out, r0, r1, c0, c1)
-            block[...] = self.acc.pop(acc_key).astype(DTYPES[out.dtype])
-        elif op == "math":
-            _, kind, operands, extra, out = effect
-            args = {name: self._f32(h) for name, h in operands.items()}
-            self.mem.arena(out).write(out, apply_math(kind, args, extra))
-        elif op == "math_acc":
-            _, kind, target, operands, extra = effect
-            args = {name: self._f32(h) for name, h in operands.items()}
-            self.mem.arena(target).write(target, apply_math(kind, args, extra, self._f32(target)))
-        else:  # pragma: no cover - a tiling bug, not user input
-            raise AssertionError(f"unknown effect {op!r}")
+    def apply(self, effect: object) -> None:
+        """Apply one stage's effect."""
+        self.handlers[effect.__class__](effect)
+
+    def _many(self, e: Effects) -> None:
+        for x in e.items:
+            self.handlers[x.__class__](x)
+
+    def _copy_block(self, e: CopyBlock) -> None:
+        dst = e.dst
+        self.mem.arena(dst).view(dst)[...] = self._block(e.src, e.r0, e.r1, e.c0, e.c1).reshape(dst.shape)
+
+    def _fetch(self, e: Fetch) -> None:
+        a = self._block(*e.a).astype(np.float32)
+        b = self._block(*e.b).astype(np.float32)
+        self.regs[e.key] = (a, b.T if e.trans_b else b)
+
+    def _gemm(self, e: GemmTile) -> None:
+        a, b = self.regs.pop(e.key)
+        prod = a @ b
+        self.acc[e.acc] = prod if e.first else self.acc[e.acc] + prod
+
+    def _acc(self, e: AccOp) -> None:
+        args = {"other": np.asarray(self._block(*e.other), dtype=np.float32)} if e.other is not None else {}
+        self.acc[e.acc] = apply_math(e.kind, args, e.extra, self.acc[e.acc])
+
+    def _store_acc(self, e: StoreAcc) -> None:
+        block = self._block(e.out, e.r0, e.r1, e.c0, e.c1)
+        block[...] = self.acc.pop(e.acc).astype(DTYPES[e.out.dtype])
+
+    def _math(self, e: MathOp) -> None:
+        args = {name: self._f32(h) for name, h in e.operands.items()}
+        self.mem.arena(e.out).write(e.out, apply_math(e.kind, args, e.extra))
+
+    def _math_acc(self, e: MathAcc) -> None:
+        args = {name: self._f32(h) for name, h in e.operands.items()}
+        self.mem.arena(e.target).write(e.target, apply_math(e.kind, args, e.extra, self._f32(e.target)))

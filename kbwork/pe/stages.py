@@ -86,93 +86,174 @@ def unit_names(engines: Sequence[EngineSpec]) -> tuple[str, ...]:
     return tuple(name if cap == 1 else f"{name}{i}" for name, cap in engines for i in range(cap))
 
 
-_FIELDS = ("kind", "phase", "cmd", "op_kind", "tile", "k_tile", "tensor", "nbytes", "dur", "preds", "effects")
+#: The columns :meth:`StageTable.add` takes (``preds`` absolute seqs), in its argument order.
+COLUMNS = ("kind", "engine", "phase", "cmd", "op_kind", "tile", "k_tile", "tensor", "nbytes", "dur", "preds",
+           "effects")
+
+
+class RawStageTable:
+    """A plan's stages as plain columns with absolute ``preds`` (what the planner appends to when a plan is
+    recorded as a template or checked; :class:`StageTable` is the program's)."""
+
+    __slots__ = COLUMNS + ("with_effects",)
+
+    def __init__(self, with_effects: bool = False):
+        for name in COLUMNS:
+            setattr(self, name, [])
+        self.with_effects = with_effects
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+    def __repr__(self) -> str:
+        return f"RawStageTable({len(self)} stages)"
+
+    def add(self, kind: int, engine: int, phase: int, cmd: int, op_kind: str, tile: int, k_tile: int, tensor: str,
+            nbytes: int, dur: int, preds: tuple[int, ...], effect: object = None) -> int:
+        """Append one stage and return its seq."""
+        s = len(self.kind)
+        for name, v in zip(COLUMNS, (kind, engine, phase, cmd, op_kind, tile, k_tile, tensor, nbytes, dur, preds,
+                                     effect)):
+            getattr(self, name).append(v)
+        return s
+
+    def set_effect(self, seq: int, effect: object) -> None:
+        self.effects[seq] = effect
 
 
 class StageTable:
-    """Every stage of a program, in creation (``seq``) order.
+    """Every stage of a program, in creation (``seq``) order, as columns (plain lists indexed by seq).
 
-    Stages are appended as row tuples (cheap while plans are generated) and
-    read as columns — ``kind, engine, phase, cmd, op_kind, tile, k_tile,
-    tensor, nbytes, dur, preds, effects`` — built once after the last append.
-    ``preds`` are the seqs a stage depends on; ``effects[seq]`` is its
-    data-mode effect or ``None`` (only filled when ``with_effects`` is true).
+    ``kind, engine, phase, cmd, op_kind, tile, k_tile, tensor, nbytes, dur,
+    effects``: a stage names the engine it runs on (the planner sets it; the
+    timeline never derives it), its command, what the op_log shows, its
+    duration and, in data mode, its effect (``None`` otherwise).
 
-    :meth:`seal` builds the columns and lets the row tuples go (a long run
-    holds hundreds of thousands; freed at once, the garbage collector never
-    has to walk them). Appending to a sealed table unseals it first.
+    Dependencies are kept the way a command's stages are made — a block at a
+    time — so that stamping a template extends lists instead of building a
+    tuple per stage: ``cbase[c]`` is the first seq of command ``c`` (its
+    DISPATCH; ``c`` is the stage's ``cmd``), ``lpreds[s]`` the dependencies
+    inside the command as offsets from its first seq, ``xpreds[s]`` those on earlier commands' stages
+    (staging-ring edges, and DISPATCH/PLAN program order) as seqs, and
+    ``lsucc[s]`` the stages of the same command that wait for ``s`` (offsets;
+    edges into DISPATCH and PLAN, which the front end orders, are left out).
+    ``npred[s]`` counts ``lpreds`` of a plan stage. :attr:`preds` reads
+    every dependency as absolute seqs, local ones first.
+
+    Stages are appended a command at a time: :meth:`begin` opens a command
+    at the next seq, then the planner appends (:meth:`add`) or a template is
+    stamped (extending the lists directly).
     """
 
-    __slots__ = ("rows", "with_effects", "_cols", "_n")
+    __slots__ = ("kind", "engine", "phase", "cmd", "op_kind", "tile", "k_tile", "_tensor", "nbytes", "dur",
+                 "effects", "lpreds", "xpreds", "lsucc", "npred", "cbase", "pending_names", "with_effects", "_base",
+                 "_preds")
 
     def __init__(self, with_effects: bool = False):
-        self.rows: list[tuple] | None = []
+        for name in self.__slots__[:-3]:
+            setattr(self, name, [])
         self.with_effects = with_effects
-        self._cols: dict[str, Sequence] | None = None
-        self._n = 0
+        self._base = 0
+        self._preds = _Preds(self)
+
+    @property
+    def tensor(self) -> list[str]:
+        """The handle names the stages move (op_log ``tensor``). A stamped loop iteration leaves its names to
+        be filled in here, on first read (the event loop never reads them): ``pending_names`` holds a
+        function per such block that writes them."""
+        if self.pending_names:
+            fills, self.pending_names = self.pending_names, []
+            for fill in fills:
+                fill(self._tensor)
+        return self._tensor
 
     def __len__(self) -> int:
-        rows = self.rows
-        return self._n if rows is None else len(rows)
+        return len(self.kind)
 
     def __repr__(self) -> str:
-        return f"StageTable({len(self)} stages{', sealed' if self.rows is None else ''})"
+        return f"StageTable({len(self)} stages{', with effects' if self.with_effects else ''})"
 
-    def add(self, kind: int, phase: int, cmd: int, op_kind: str, tile: int, k_tile: int, tensor: str,
+    def begin(self) -> int:
+        """Open the next command's block at the next seq (its DISPATCH's); return that seq."""
+        self._base = len(self.kind)
+        self.cbase.append(self._base)
+        return self._base
+
+    def add(self, kind: int, engine: int, phase: int, cmd: int, op_kind: str, tile: int, k_tile: int, tensor: str,
             nbytes: int, dur: int, preds: tuple[int, ...], effect: object = None) -> int:
-        """Append one stage and return its seq."""
-        rows = self.rows
-        if rows is None:
-            rows = self._unseal()
-        rows.append((kind, phase, cmd, op_kind, tile, k_tile, tensor, nbytes, dur, preds, effect))
-        self._cols = None
-        return len(rows) - 1
+        """Append one stage of the open command (``preds`` as absolute seqs) and return its seq."""
+        s = len(self.kind)
+        b = self._base
+        self.kind.append(kind)
+        self.engine.append(engine)
+        self.phase.append(phase)
+        self.cmd.append(cmd)
+        self.op_kind.append(op_kind)
+        self.tile.append(tile)
+        self.k_tile.append(k_tile)
+        self._tensor.append(tensor)
+        self.nbytes.append(nbytes)
+        self.dur.append(dur)
+        self.effects.append(effect)
+        local = tuple(p - b for p in preds if p >= b)
+        self.lpreds.append(local)
+        self.xpreds.append(tuple(p for p in preds if p < b))
+        self.lsucc.append([])
+        self.npred.append(len(local))
+        if kind > _PLAN_KIND:  # the front end orders DISPATCH and PLAN
+            lsucc = self.lsucc
+            for x in local:
+                lsucc[b + x].append(s - b)
+        return s
 
-    def touched(self) -> None:
-        """Say that ``rows`` was appended to directly (drops the cached columns)."""
-        self._cols = None
+    @property
+    def preds(self) -> "_Preds":
+        """Every stage's dependencies as absolute seqs (local ones first): ``preds[s]`` is a tuple."""
+        return self._preds
 
-    def seal(self) -> None:
-        """Build the columns now and drop the row tuples (see the class docstring)."""
-        self.column("kind")
-        self._n = len(self.rows) if self.rows is not None else self._n
-        self.rows = None
-
-    def _unseal(self) -> list[tuple]:
-        cols = self._cols
-        self.rows = list(zip(*(cols[f] for f in _FIELDS))) if cols and self._n else []
-        return self.rows
+    def column(self, name: str) -> Sequence:
+        """One column by name (``preds`` included)."""
+        if name == "preds":
+            return self._preds
+        if name not in COLUMNS:
+            raise KeyError(name)
+        return getattr(self, name)
 
     def set_effect(self, seq: int, effect: object) -> None:
         """Replace a stage's data-mode effect."""
-        rows = self.rows if self.rows is not None else self._unseal()
-        rows[seq] = rows[seq][:-1] + (effect,)
-        self._cols = None
-
-    def column(self, name: str) -> Sequence:
-        """One column (a tuple indexed by seq)."""
-        if self._cols is None:
-            rows = self.rows if self.rows is not None else self._unseal()
-            cols = list(zip(*rows)) if rows else [()] * len(_FIELDS)
-            self._cols = dict(zip(_FIELDS, cols))
-            self._cols["engine"] = tuple(map(_ENGINE_INT.__getitem__, self._cols["kind"]))
-        return self._cols[name]
-
-    kind = property(lambda self: self.column("kind"))
-    engine = property(lambda self: self.column("engine"))
-    phase = property(lambda self: self.column("phase"))
-    cmd = property(lambda self: self.column("cmd"))
-    op_kind = property(lambda self: self.column("op_kind"))
-    tile = property(lambda self: self.column("tile"))
-    k_tile = property(lambda self: self.column("k_tile"))
-    tensor = property(lambda self: self.column("tensor"))
-    nbytes = property(lambda self: self.column("nbytes"))
-    dur = property(lambda self: self.column("dur"))
-    preds = property(lambda self: self.column("preds"))
-    effects = property(lambda self: self.column("effects"))
+        self.effects[seq] = effect
 
     def describe(self, seq: int) -> str:
         """A one-line human description of a stage (for errors and debugging)."""
-        kind, cmd, op_kind, tile, k_tile, tensor = (self.column(f)[seq] for f in
-                                                    ("kind", "cmd", "op_kind", "tile", "k_tile", "tensor"))
-        return f"seq {seq}: {StageKind(kind).name} cmd {cmd} {op_kind} tile {tile} k {k_tile} {tensor}"
+        return (f"seq {seq}: {StageKind(self.kind[seq]).name} cmd {self.cmd[seq]} {self.op_kind[seq]} tile "
+                f"{self.tile[seq]} k {self.k_tile[seq]} {self.tensor[seq]}")
+
+
+_PLAN_KIND = int(StageKind.PLAN)
+
+
+class _Preds(Sequence):
+    """``StageTable.preds``: each stage's dependencies as absolute seqs, made on access."""
+
+    __slots__ = ("_t",)
+
+    def __init__(self, table: StageTable):
+        self._t = table
+
+    def __len__(self) -> int:
+        return len(self._t.kind)
+
+    def __getitem__(self, s):
+        t = self._t
+        if isinstance(s, slice):
+            return [self[i] for i in range(*s.indices(len(t.kind)))]
+        b = t.cbase[t.cmd[s]]
+        x = t.xpreds[s]
+        return tuple([b + q for q in t.lpreds[s]]) + x if x else tuple([b + q for q in t.lpreds[s]])
+
+    def __iter__(self):
+        t = self._t
+        cbase = t.cbase
+        for c, lp, x in zip(t.cmd, t.lpreds, t.xpreds):
+            b = cbase[c]
+            yield tuple([b + q for q in lp]) + x

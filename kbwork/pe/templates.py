@@ -31,7 +31,7 @@ from ..config import Topology
 from . import ops
 from .commands import CompositeCmd
 from .engines import Latency
-from .stages import StageTable
+from .stages import Engine, Phase, RawStageTable, StageKind, StageTable
 from .tiling import StagingRing, generate_plan_from_ops, named_handles
 
 _AFTER = -1  # the stage the plan's roots follow (the command's PLAN)
@@ -39,28 +39,39 @@ _AFTER = -1  # the stage the plan's roots follow (the command's PLAN)
 
 @dataclass(frozen=True, slots=True)
 class PlanTemplate:
-    """One command's plan with relative dependencies.
+    """One command's plan with relative dependencies, as columns to extend a stage table with.
 
-    ``rows``: ``(kind, phase, op_kind, tile, k_tile, tensor, nbytes, dur, preds)``
-    where ``tensor`` indexes ``tensors`` and each pred is a local stage index
-    (>= 0), ``-1`` (the PLAN stage) or ``-2 - ext`` (the consumer the staging
-    ring holds for relative buffer ``ext`` before the plan starts).
-    ``tensors``: literal names, or tuples of ``paths`` indices joined by ``|``.
-    ``paths``: ``(op index, operand name or None for out)`` whose names rows use.
+    ``kind, engine, phase, op_kind, tile, k_tile, nbytes, dur``: the stages' columns, as the planner made
+    them. ``preds``: per stage the local stage indices it depends on (>= 0), ``-1`` (the PLAN stage) or
+    ``-2 - ext`` (the consumer the staging ring holds for relative buffer ``ext`` before the plan starts).
+    ``tensor``: per stage an index into ``tensors``, each a literal name or a tuple of ``paths`` indices
+    joined by ``|``. ``paths``: ``(op index, operand name or None for out)`` whose names the stages use.
     ``externals``: ``(pred code, slot, relative buffer)`` of every ring marker the rows use.
-    ``ring``: per slot the plan takes buffers from, ``(slot, buffers taken,
-    ((relative buffer, local stage that last consumes it), ...))``.
+    ``ring``: per slot the plan takes buffers from, ``(slot, buffers taken, ((relative buffer, local stage
+    that last consumes it), ...))``.
     """
 
-    rows: tuple[tuple, ...]
+    kind: tuple[int, ...]
+    engine: tuple[int, ...]
+    phase: tuple[int, ...]
+    op_kind: tuple[str, ...]
+    tile: tuple[int, ...]
+    k_tile: tuple[int, ...]
+    nbytes: tuple[int, ...]
+    dur: tuple[int, ...]
+    preds: tuple[tuple[int, ...], ...]
+    tensor: tuple[int, ...]
     tensors: tuple[object, ...]
     paths: tuple[tuple[int, str | None], ...]
     externals: tuple[tuple[int, str, int], ...]
     ring: tuple[tuple[str, int, tuple[tuple[int, int], ...]], ...]
 
+    def __len__(self) -> int:
+        return len(self.kind)
+
     def __repr__(self) -> str:
         taken = {slot: n for slot, n, _ in self.ring}
-        return f"PlanTemplate({len(self.rows)} stages, staging buffers taken {taken})"
+        return f"PlanTemplate({len(self.kind)} stages, staging buffers taken {taken})"
 
 
 class _RecordingRing(StagingRing):
@@ -199,11 +210,11 @@ def record(cmd: CompositeCmd, topo: Topology, lat: Latency) -> PlanTemplate | No
     without ``|``; a command whose do not is planned afresh every time.
     """
     paths = named_handles(cmd)
-    names = _names(cmd, paths)
-    if names is None:
+    names = handle_names(cmd, paths)
+    if len(set(names)) != len(names) or any(not n or "|" in n for n in names):
         return None
     where = {name: i for i, name in enumerate(names)}
-    table = StageTable(with_effects=False)
+    table = RawStageTable(with_effects=False)
     ring = _RecordingRing(topo)
     generate_plan_from_ops(cmd, topo, table, ring, lat, after=(_AFTER,))
 
@@ -211,8 +222,8 @@ def record(cmd: CompositeCmd, topo: Topology, lat: Latency) -> PlanTemplate | No
     tensor_index: dict[str, int] = {}
     used: dict[int, int] = {}  # index in paths -> index in the template's paths
     codes: set[int] = set()
-    rows = []
-    for kind, phase, _cmd, op_kind, tile, k_tile, tensor, nbytes, dur, preds, _eff in table.rows:
+    tensor_of = []
+    for tensor, preds in zip(table.tensor, table.preds):
         ti = tensor_index.get(tensor)
         if ti is None:
             if tensor:
@@ -225,49 +236,130 @@ def record(cmd: CompositeCmd, topo: Topology, lat: Latency) -> PlanTemplate | No
             ti = tensor_index[tensor] = len(tensors)
             tensors.append(spec)
         codes.update(x for x in preds if x < _AFTER)
-        rows.append((kind, phase, op_kind, tile, k_tile, ti, nbytes, dur, preds))
+        tensor_of.append(ti)
     n = ring.n_buffers
     externals = tuple((code, ring.SLOTS[(-2 - code) // n], (-2 - code) % n) for code in sorted(codes, reverse=True))
     ring_use = tuple((slot, ring._count[slot], tuple((r, local) for r, local in enumerate(ring.local_binds[slot])
                                                     if local >= 0))
                      for slot in ring.SLOTS if ring._count[slot])
     used_paths = tuple(paths[i] for i, _ in sorted(used.items(), key=lambda ik: ik[1]))
-    return PlanTemplate(tuple(rows), tuple(tensors), used_paths, externals, ring_use)
+    return PlanTemplate(tuple(table.kind), tuple(table.engine), tuple(table.phase), tuple(table.op_kind),
+                        tuple(table.tile), tuple(table.k_tile), tuple(table.nbytes), tuple(table.dur),
+                        tuple(table.preds), tuple(tensor_of), tuple(tensors), used_paths, externals, ring_use)
 
 
-def _names(cmd: CompositeCmd, paths: tuple[tuple[int, str | None], ...]) -> list[str] | None:
+def handle_names(cmd: CompositeCmd, paths: tuple[tuple[int, str | None], ...]) -> list[str]:
+    """The names of the handles ``paths`` point at in ``cmd`` (``(op index, operand or None for out)``)."""
     ops = cmd.ops
-    names = [(ops[oi].out if port is None else ops[oi].operands[port]).name for oi, port in paths]
-    if len(set(names)) != len(names) or any(not n or "|" in n for n in names):
-        return None
-    return names
+    return [(ops[oi].out if port is None else ops[oi].operands[port]).name for oi, port in paths]
 
 
-def stamp(tpl: PlanTemplate, cmd: CompositeCmd, table: StageTable, ring: StagingRing, plan_seq: int) -> None:
-    """Append ``cmd``'s stages to ``table`` from ``tpl`` and advance ``ring`` as generating them would."""
-    cid = cmd.completion.cmd
-    base = len(table.rows)
-    ops = cmd.ops
-    names = [(ops[oi].out if port is None else ops[oi].operands[port]).name for oi, port in tpl.paths]
-    tensors = [t if t.__class__ is str else "|".join([names[i] for i in t]) for t in tpl.tensors]
-    # what each pred code stands for: the PLAN stage, then the ring's consumers before this plan
+_D, _P = int(StageKind.DISPATCH), int(StageKind.PLAN)
+_CPU, _SCHED = int(Engine.PE_CPU), int(Engine.PE_SCHEDULER)
+_PD, _PP = int(Phase.DISPATCH), int(Phase.PLAN)
+
+
+@dataclass(frozen=True, slots=True)
+class CommandTemplate:
+    """A whole command's stages — DISPATCH, PLAN, then its plan — as the columns a :class:`StageTable`
+    is extended with (see ``StageTable`` for ``lpreds``, ``lsucc``, ``npred``).
+
+    Made from a :class:`PlanTemplate` and the command's dispatch and plan cycles, which the plan cache
+    does not key on (they depend on the calibration). ``ext_rows`` are ``(local stage, pred codes)`` of
+    the stages that wait for a staging buffer's previous consumer (codes as in ``PlanTemplate.preds``).
+    """
+
+    plan: PlanTemplate
+    kind: tuple[int, ...]
+    engine: tuple[int, ...]
+    phase: tuple[int, ...]
+    op_kind: tuple[str, ...]
+    tile: tuple[int, ...]
+    k_tile: tuple[int, ...]
+    nbytes: tuple[int, ...]
+    dur: tuple[int, ...]
+    lpreds: tuple[tuple[int, ...], ...]
+    lsucc: tuple[tuple[int, ...], ...]
+    npred: tuple[int, ...]
+    tensor: tuple[int, ...]
+    ext_rows: tuple[tuple[int, tuple[int, ...]], ...]
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+    @staticmethod
+    def of(tpl: PlanTemplate, logical_bytes: int, dispatch: int, plan: int, dur: tuple[int, ...] | None = None,
+           op_kind: str = "composite") -> "CommandTemplate":
+        """The command template of a plan template, with its DISPATCH and PLAN costs (and, if given, the plan
+        stages' durations instead of the template's)."""
+        lpreds: list[tuple[int, ...]] = [(), (0,)]
+        ext_rows = []
+        for x, ps in enumerate(tpl.preds):
+            lpreds.append(tuple(1 if q == _AFTER else q + 2 for q in ps if q >= _AFTER))
+            codes = tuple(q for q in ps if q < _AFTER)
+            if codes:
+                ext_rows.append((x + 2, codes))
+        n = len(tpl.kind) + 2
+        lsucc: list[list[int]] = [[] for _ in range(n)]
+        for u in range(2, n):
+            for q in lpreds[u]:
+                lsucc[q].append(u)
+        return CommandTemplate(
+            tpl, (_D, _P) + tpl.kind, (_CPU, _SCHED) + tpl.engine, (_PD, _PP) + tpl.phase, (op_kind, op_kind) + tpl.op_kind,
+            (-1, -1) + tpl.tile, (-1, -1) + tpl.k_tile, (logical_bytes, 0) + tpl.nbytes,
+            (dispatch, plan) + (tpl.dur if dur is None else dur), tuple(lpreds), tuple(tuple(x) for x in lsucc),
+            (0, 0) + tuple(len(p) for p in lpreds[2:]), (-1, -1) + tpl.tensor, tuple(ext_rows))
+
+
+def stamp(ct: CommandTemplate, cid: int, names: list[str], table: StageTable, ring: StagingRing,
+          prev_d: tuple[int, ...], prev_p: tuple[int, ...]) -> list[tuple[int, int]]:
+    """Append command ``cid``'s stages (DISPATCH, PLAN, plan) to ``table`` from ``ct`` and advance ``ring`` as
+    generating them would.
+
+    ``names`` are the names of the handles of ``ct.plan.paths`` in this command (``handle_names``);
+    ``prev_d``/``prev_p`` the previous command's DISPATCH/PLAN (program order, for the analysis).
+
+    Returns:
+        ``(stage, earlier stage)`` for every dependency on an earlier command's stage (the staging ring's
+        previous consumers).
+    """
+    tpl = ct.plan
+    base = table.begin()
+    tensors = [t if t.__class__ is str else "|".join([names[i] for i in t]) for t in tpl.tensors] + [""]
+    k = len(ct.kind)
+    table.kind += ct.kind
+    table.engine += ct.engine
+    table.phase += ct.phase
+    table.cmd += [cid] * k
+    table.op_kind += ct.op_kind
+    table.tile += ct.tile
+    table.k_tile += ct.k_tile
+    table._tensor += [tensors[i] for i in ct.tensor]
+    table.nbytes += ct.nbytes
+    table.dur += ct.dur
+    table.effects += [None] * k
+    table.lpreds += ct.lpreds
+    xpreds = table.xpreds
+    xpreds += [()] * k
+    xpreds[base] = prev_d
+    xpreds[base + 1] = prev_p
+    table.lsucc += ct.lsucc
+    table.npred += ct.npred
+    ext_edges: list[tuple[int, int]] = []
     n = ring.n_buffers
     count, consumer = ring._count, ring._consumer
-    ext: dict[int, int | None] = {_AFTER: plan_seq}
-    for code, slot, r in tpl.externals:
-        ext[code] = consumer[slot][(count[slot] + r) % n]
-    rows = table.rows
-    for kind, phase, op_kind, tile, k_tile, ti, nbytes, dur, preds in tpl.rows:
-        if len(preds) == 1:
-            x = preds[0]
-            pr: tuple[int, ...] = (base + x,) if x >= 0 else (() if ext[x] is None else (ext[x],))
-        else:
-            pr = tuple([p for p in [base + x if x >= 0 else ext[x] for x in preds] if p is not None])
-        rows.append((kind, phase, cid, op_kind, tile, k_tile, tensors[ti], nbytes, dur, pr, None))
-    table.touched()
+    if ct.ext_rows:
+        # what each pred code stands for: the consumer the ring holds for that buffer before this plan
+        ext: dict[int, int | None] = {code: consumer[slot][(count[slot] + r) % n] for code, slot, r in tpl.externals}
+        for row, codes in ct.ext_rows:
+            xs = tuple(q for q in (ext[c] for c in codes) if q is not None)
+            if xs:
+                xpreds[base + row] = xs
+                ext_edges += [(base + row, q) for q in xs]
     for slot, taken, binds in tpl.ring:
         n0 = count[slot]
         count[slot] = n0 + taken
         consumers = consumer[slot]
         for r, local in binds:
-            consumers[(n0 + r) % n] = base + local
+            consumers[(n0 + r) % n] = base + 2 + local
+    return ext_edges

@@ -31,13 +31,14 @@ from ..config import Topology
 from ..errors import ValidationError
 from ..memory import Handle, Space, itemsize
 from .commands import Command, CompositeCmd, DmaCmd, OpSpec, Scope
-from .engines import Latency
+from .engines import AccOp, CopyBlock, Effects, Fetch, GemmTile, Latency, MathAcc, MathOp, StoreAcc
 from .ops import OPS
-from .stages import Phase, StageKind, StageTable
+from .stages import Engine, Phase, StageKind, StageTable
 
 _DMA_READ, _FETCH, _GEMM, _MATH, _DMA_WRITE = (int(StageKind.DMA_READ), int(StageKind.FETCH),
                                                int(StageKind.GEMM), int(StageKind.MATH),
                                                int(StageKind.DMA_WRITE))
+_E_DMA, _E_GEMM, _E_MATH = int(Engine.PE_DMA), int(Engine.PE_GEMM), int(Engine.PE_MATH)
 _PROLOGUE, _TILE, _KEPI, _TEPI, _POST, _SINGLE = (int(Phase.PROLOGUE), int(Phase.TILE), int(Phase.K_EPILOGUE),
                                                    int(Phase.TILE_EPILOGUE), int(Phase.POST),
                                                    int(Phase.SINGLE))
@@ -160,8 +161,8 @@ def generate_plan_from_ops(cmd: Command, topo: Topology, table: StageTable | Non
         src, dst = cmd.src, cmd.dst
         kind = _DMA_READ if dst.space == Space.TCM else _DMA_WRITE
         hbm = src if src.space == Space.HBM else dst
-        eff = ("copy_block", src, 0, src.shape[0], 0, src.shape[-1], dst) if fx else None
-        s = table.add(kind, _SINGLE, cid, "dma", 0, -1, hbm.name, src.nbytes, lat.dma(src.nbytes), after, eff)
+        eff = CopyBlock(src, 0, src.shape[0], 0, src.shape[-1], dst) if fx else None
+        s = table.add(kind, _E_DMA, _SINGLE, cid, "dma", 0, -1, hbm.name, src.nbytes, lat.dma(src.nbytes), after, eff)
         return PipelinePlan(cid, table, first, len(table), 1, tile_last=(s,))
 
     ops = cmd.ops
@@ -197,11 +198,11 @@ def _math_stage(table: StageTable, lat: Latency, op: OpSpec, phase: int, cid: in
     if table.with_effects:
         ops = dict(op.operands) if operands is None else operands
         if info.accumulator:
-            eff = ("math_acc", op.kind, target, ops, dict(op.extra))
+            eff = MathAcc(op.kind, target, ops, dict(op.extra))
         else:
-            eff = ("math", op.kind, ops, dict(op.extra), op.out)
+            eff = MathOp(op.kind, ops, dict(op.extra), op.out)
     dur = lat.math(op.kind, _n_elements(op, target if info.accumulator else None), _row_len(op))
-    return table.add(_MATH, phase, cid, op.kind, tile, -1, "", 0, dur, preds, eff)
+    return table.add(_MATH, _E_MATH, phase, cid, op.kind, tile, -1, "", 0, dur, preds, eff)
 
 
 def _plan_math_only(cmd: CompositeCmd, table: StageTable, ring: StagingRing, lat: Latency,
@@ -232,9 +233,9 @@ def _plan_math_only(cmd: CompositeCmd, table: StageTable, ring: StagingRing, lat
                     buf, wait = ring.acquire("b")
                     stage_h = ring.handle("b", buf, h.shape, h.dtype)
                     operands[name] = stage_h
-                    eff = ("copy_block", h, 0, h.shape[0], 0, h.shape[-1], stage_h) if table.with_effects else None
+                    eff = CopyBlock(h, 0, h.shape[0], 0, h.shape[-1], stage_h) if table.with_effects else None
                     preds = prev if wait is None else prev + (wait,)
-                    reads.append(table.add(_DMA_READ, _SINGLE, cid, op.kind, 0, -1, h.name, h.nbytes,
+                    reads.append(table.add(_DMA_READ, _E_DMA, _SINGLE, cid, op.kind, 0, -1, h.name, h.nbytes,
                                            lat.dma(h.nbytes), preds, eff))
                     staged.append(("b", buf))
                 prev = tuple(reads)
@@ -321,24 +322,25 @@ def _plan_gemm(cmd: CompositeCmd, g: int, topo: Topology, table: StageTable, rin
                     if fx:
                         rows, cols = blk[2] - blk[1], blk[4] - blk[3]
                         sh = ring.handle(slot, buf, (rows, cols), h.dtype)
-                        eff = ("copy_block", *blk, sh)
+                        eff = CopyBlock(*blk, sh)
                         blk = (sh, 0, rows, 0, cols)
                         if slot == "a":
                             a_blk = blk
                         else:
                             b_blk = blk
                     preds = loop_after if wait is None else loop_after + (wait,)
-                    reads.append(table.add(_DMA_READ, _TILE, cid, "gemm", t, kk, h.name, nbytes,
+                    reads.append(table.add(_DMA_READ, _E_DMA, _TILE, cid, "gemm", t, kk, h.name, nbytes,
                                            lat.dma(nbytes), preds, eff))
                     staged.append((slot, buf))
                 fb = a_bytes + b_bytes
-                eff = ("fetch", (cid, t, kk), a_blk, b_blk, trans_b) if fx else None
-                f = table.add(_FETCH, _TILE, cid, "gemm", t, kk, fetch_tensor, fb, lat.fetch(fb),
+                eff = Fetch((cid, t, kk), a_blk, b_blk, trans_b) if fx else None
+                f = table.add(_FETCH, _E_GEMM, _TILE, cid, "gemm", t, kk, fetch_tensor, fb, lat.fetch(fb),
                               tuple(reads) if reads else loop_after, eff)
                 for slot, buf in staged:
                     ring.bind(slot, buf, f)
-                eff = ("gemm", (cid, t, kk), acc_key, kk == 0) if fx else None
-                s = table.add(_GEMM, _TILE, cid, "gemm", t, kk, "", 0, lat.gemm(tm, tn, tk), (f,) + chain, eff)
+                eff = GemmTile((cid, t, kk), acc_key, kk == 0) if fx else None
+                s = table.add(_GEMM, _E_GEMM, _TILE, cid, "gemm", t, kk, "", 0, lat.gemm(tm, tn, tk), (f,) + chain,
+                              eff)
                 for op in k_epi:
                     s = _acc_stage(table, lat, op, _KEPI, cid, t, kk, s, acc_key, r0, r1, c0, c1, tm * tn)
                 chain = (s,)
@@ -346,10 +348,11 @@ def _plan_gemm(cmd: CompositeCmd, g: int, topo: Topology, table: StageTable, rin
                 s = _acc_stage(table, lat, op, _TEPI, cid, t, -1, s, acc_key, r0, r1, c0, c1, tm * tn)
             if out_hbm:
                 nbytes = tm * tn * out_isz
-                eff = ("store_acc", acc_key, out, r0, r1, c0, c1) if fx else None
-                s = table.add(_DMA_WRITE, _TILE, cid, "gemm", t, -1, out.name, nbytes, lat.dma(nbytes), (s,), eff)
+                eff = StoreAcc(acc_key, out, r0, r1, c0, c1) if fx else None
+                s = table.add(_DMA_WRITE, _E_DMA, _TILE, cid, "gemm", t, -1, out.name, nbytes, lat.dma(nbytes), (s,),
+                              eff)
             elif fx:
-                _attach(table, s, ("store_acc", acc_key, out, r0, r1, c0, c1))
+                _attach(table, s, StoreAcc(acc_key, out, r0, r1, c0, c1))
             tile_last.append(s)
             t += 1
 
@@ -371,11 +374,11 @@ def _acc_stage(table: StageTable, lat: Latency, op: OpSpec, phase: int, cid: int
     if table.with_effects:
         other = op.operands.get("other")
         other_blk = (other, r0, r1, c0, c1) if other is not None else None
-        eff = ("acc", op.kind, acc_key, other_blk, dict(op.extra))
-    return table.add(_MATH, phase, cid, op.kind, t, kk, "", 0, lat.math(op.kind, n_elements), (prev,), eff)
+        eff = AccOp(op.kind, acc_key, other_blk, dict(op.extra))
+    return table.add(_MATH, _E_MATH, phase, cid, op.kind, t, kk, "", 0, lat.math(op.kind, n_elements), (prev,), eff)
 
 
-def _attach(table: StageTable, seq: int, effect: tuple) -> None:
+def _attach(table: StageTable, seq: int, effect: object) -> None:
     """Add a second effect to a stage (the accumulator write-back into a TCM out)."""
-    cur = table.rows[seq][-1]
-    table.set_effect(seq, effect if cur is None else ("multi", cur, effect))
+    cur = table.effects[seq]
+    table.set_effect(seq, effect if cur is None else Effects((cur, effect)))

@@ -27,10 +27,12 @@ from typing import Any
 import numpy as np
 
 from ..config import Topology
-from ..errors import ValidationError
-from ..memory import DTYPE_MAX, DTYPES, Arena, Handle, Memory, Space
+from ..errors import TraceError, ValidationError
+from ..memory import DTYPE_MAX, DTYPES, Arena, Handle, LoopHandle, Memory, Ring, Space
 from ..pe.commands import Command, Completion, CompositeCmd, DmaCmd, OpSpec, Scope
 from ..pe.ops import OPS
+from ..pe.program import Loop, Plain, Trace, loop_period
+from ..symbolic import FIX, Index, LoopVar
 from .tl_recipes import RECIPE_DESCRIPTORS, RecipeDescriptor
 
 _SCOPES = {"kernel": Scope.KERNEL, "k_tile": Scope.K_TILE, "output_tile": Scope.OUTPUT_TILE}
@@ -88,14 +90,17 @@ def check_scalar(where: str, name: str, value: Any) -> None:
 
 
 class TLContext:
-    """The kernel language. See DESIGN.md §2 for the surface.
+    """The kernel language. See DESIGN.md §2 for the surface and §13 for ``tl.range``.
 
     Attributes:
-        commands: the emitted commands, in program order.
-        waits: ``(before_cmd, wait_for_cmd)`` pairs from :meth:`wait`.
+        commands: the emitted commands, in program order (a lazy sequence: loops are
+            instantiated when read; :meth:`trace` is the launch as data).
+        waits: ``(before_cmd, wait_for_cmd)`` pairs from :meth:`wait` outside loops.
         names: every handle the kernel named, by name (for ``Run.read``): a list per
             name, since a name may be given more than once.
     """
+
+    Index = Index
 
     def __init__(self, topo: Topology, memory: Memory):
         self.topo = topo
@@ -103,10 +108,16 @@ class TLContext:
         self.hbm: Arena = memory.hbm
         #: this run's TCM; a bare TLContext owns whatever TCM its memory holds when it is made
         self.tcm: Arena = memory.tcm
-        self.commands: list[Command] = []
         self.waits: list[tuple[int, int]] = []
         self.names: dict[str, list[Handle]] = {}
-        self._iter = -1
+        self._segments: list[Plain | Loop] = []
+        self._plain: list[Command] = []     # the run of plain commands being emitted
+        self._plain_first = 0
+        self._ncmd = 0                       # the id the next command gets (iteration 0's, in a body)
+        self._loop: _OpenLoop | None = None  # the tl.range body being traced
+        self._n_loops = 0
+        self._broken: str | None = None
+        self._iter: int | Index = -1
         self._scopes: list[tuple[int, int]] = []
         #: kernel-scope recipe scratch, by (recipe, RW operand addresses, operand shapes and dtypes)
         self._recipe_scratch: dict[tuple, dict[str, Handle]] = {}
@@ -114,7 +125,111 @@ class TLContext:
         self._token = object()
 
     def __repr__(self) -> str:
-        return f"TLContext({len(self.commands)} commands, iter={self._iter}, {len(self._scopes)} open scratch scopes)"
+        it = self._iter.text if isinstance(self._iter, Index) else self._iter
+        return f"TLContext({self._ncmd} commands, iter={it}, {len(self._scopes)} open scratch scopes)"
+
+    # --- the trace -----------------------------------------------------------------------
+    def trace(self) -> Trace:
+        """The launch traced so far, as data (:class:`~kbwork.pe.program.Trace`).
+
+        Raises:
+            TraceError: a ``tl.range`` body was left by ``break`` or ``return``, or is still open.
+        """
+        self._check_open()
+        if self._loop is not None:
+            raise TraceError("the kernel ended inside a tl.range body; a body must run to its end.")
+        segments = self._segments + ([Plain(self._plain_first, tuple(self._plain))] if self._plain else [])
+        return Trace(segments, self.waits)
+
+    @property
+    def commands(self):
+        """Every command emitted so far, in program order (a lazy sequence)."""
+        return self.trace().commands if self._loop is None else \
+            Trace(self._segments + [Plain(self._plain_first, tuple(self._plain))], self.waits).commands
+
+    def _check_open(self) -> None:
+        if self._broken is not None:
+            raise TraceError(self._broken)
+
+    # --- loops (DESIGN.md §13) -------------------------------------------------------------
+    def range(self, *args: int) -> Iterator[Index]:
+        """``for j in tl.range(stop)`` / ``tl.range(start, stop[, step])``: a loop whose body is traced once.
+
+        Yields one symbolic :class:`~kbwork.symbolic.Index` ``j``; the Python
+        code of the body runs once (side effects happen once, as in JAX), and
+        the program is the body instantiated for every ``j`` in the range. An
+        empty range emits nothing, but its body is still traced, so its errors
+        show.
+
+        Raises:
+            TraceError: a ``tl.range`` inside a body (flatten it), or bounds that are indices.
+            ValidationError: bounds that are not ints, or a zero step.
+        """
+        self._check_open()
+        if self._loop is not None:
+            raise TraceError("tl.range inside a tl.range body: loops do not nest; flatten the two into one "
+                             "tl.range (j = outer * n_inner + inner) or unroll the inner one in Python.")
+        if not 1 <= len(args) <= 3:
+            raise ValidationError(f"tl.range takes (stop), (start, stop) or (start, stop, step); got {len(args)} "
+                                  f"arguments.")
+        for a in args:
+            if isinstance(a, Index):
+                raise TraceError(f"tl.range({a.text}): a loop bound that is another loop's index; loops do not "
+                                 f"nest, and bounds are ints.")
+            if not _is_int(a):
+                raise ValidationError(f"tl.range bounds must be ints, got {a!r} ({type(a).__name__}).")
+        start, stop, step = (0, int(args[0]), 1) if len(args) == 1 else (int(args[0]), int(args[1]),
+                                                                          int(args[2]) if len(args) == 3 else 1)
+        if step == 0:
+            raise ValidationError("tl.range: step must not be zero.")
+        n = max(0, -(-(stop - start) // step)) if step > 0 else max(0, -(-(start - stop) // -step))
+        var = LoopVar(self._n_loops, n, start, step)
+        self._n_loops += 1
+        self._loop = _OpenLoop(var, self._ncmd, len(self._scopes), self._iter)
+        if self._plain:
+            self._segments.append(Plain(self._plain_first, tuple(self._plain)))
+            self._plain = []
+        j = Index(var, step, start)
+        try:
+            yield j
+        except GeneratorExit:
+            # the for statement left the body early (break, return or an exception): what follows is not
+            # the body, and the loop cannot be instantiated
+            var.closed = True
+            self._loop = None
+            self._broken = ("a tl.range body was left early (break, return or an exception inside it); a body runs "
+                            "to its end, once, for every iteration. Peel the iterations that differ out of the loop.")
+            raise
+        self._close_loop()
+
+    def _close_loop(self) -> None:
+        lp = self._loop
+        var = lp.var
+        var.closed = True
+        self._loop = None
+        self._iter = lp.outer_iter
+        loop = Loop(var.number, lp.first, tuple(lp.body), var.iterations, tuple(lp.iters), tuple(lp.waits),
+                    loop_period(var), var)
+        self._segments.append(loop)
+        self._ncmd = loop.end_cmd
+        self._plain_first = self._ncmd
+
+    def ring(self, n: int, shape: Sequence[int] | int, dtype: Any = "fp32", *, name: str) -> Ring:
+        """``n`` kernel-scope TCM buffers a loop indexes cyclically: ``S[j + c]`` is slot ``(j + c) mod n``.
+
+        Raises:
+            ValidationError: a bad count, name, shape or dtype.
+            TraceError: called inside a tl.range body (allocate before the loop).
+            TcmOverflowError: the TCM cannot hold it.
+        """
+        if isinstance(n, Index):
+            raise TraceError(f"tl.ring({n.text}, ...): the number of slots must be an int; {FIX}.")
+        if not _is_int(n) or n < 1:
+            raise ValidationError(f"tl.ring: n must be a positive int (the number of buffers), got {n!r}.")
+        if not isinstance(name, str) or not name:
+            raise ValidationError(f"tl.ring: name must be a non-empty string, got {name!r}.")
+        slots = tuple(self.alloc(shape, dtype, name=f"{name}{i}") for i in range(int(n)))
+        return Ring(name, slots)
 
     # --- handles and memory -------------------------------------------------------------
     def ref(self, t: Handle) -> Handle:
@@ -134,8 +249,19 @@ class TLContext:
 
         Raises:
             ValidationError: a bad name, shape or dtype.
+            TraceError: inside a tl.range body, outside a scratch scope opened in the body.
             TcmOverflowError: the TCM cannot hold it.
         """
+        self._check_open()
+        lp = self._loop
+        if lp is not None and len(self._scopes) <= lp.scope_depth:
+            raise TraceError(f"TCM allocation {name!r} inside a tl.range body: the body is traced once, so it would "
+                             f"allocate once for every iteration. Allocate it before the loop (a tl.ring for a "
+                             f"buffer per iteration), or inside a tl.scratch_scope() opened in the body.")
+        if isinstance(shape, Index) or (isinstance(shape, (tuple, list)) and any(isinstance(d, Index)
+                                                                                 for d in shape)):
+            raise TraceError(f"TCM allocation {name!r}: a shape that depends on the loop index; shapes are "
+                             f"constant ({FIX}).")
         h = self.tcm.alloc(name, shape, dtype)
         self._name(h)
         return h
@@ -167,15 +293,30 @@ class TLContext:
             yield
         finally:
             self._scopes.pop()
-            n = len(self.commands)
+            n = self._ncmd
             self.tcm.release(mark, closed_at=f"after command #{n - 1}" if n else "before any command")
 
-    def iteration(self, j: int) -> "_Iteration":
+    def iteration(self, j: int | Index) -> "_Iteration":
         """Label the commands emitted inside ``with tl.iteration(j):`` with loop index ``j`` (op_log ``iter``).
 
+        In a ``tl.range`` body ``j`` may be its index or an affine image of it
+        (``tl.iteration(j + 1)``); each iteration's commands carry its value.
+
         Raises:
-            ValidationError: ``j`` is not a non-negative int.
+            ValidationError: ``j`` is not a non-negative int (at the loop's first and last iteration).
+            TraceError: an index of a loop whose body is not being traced.
         """
+        if isinstance(j, Index):
+            lp = self._loop
+            if lp is None or j.var is not lp.var:
+                raise TraceError(f"tl.iteration({j.text}): the index of a tl.range loop labels commands of its own "
+                                 f"body only.")
+            n = lp.var.iterations
+            for i, which in ((0, "first"), (n - 1, "last")) if n else ():
+                if j.at(i) < 0:
+                    raise ValidationError(f"tl.iteration({j.text}) is {j.at(i)} at the {which} iteration "
+                                          f"(j = {lp.var.j_at(i)}); loop labels are non-negative ints.")
+            return _Iteration(self, j)
         if not _is_int(j) or j < 0:
             raise ValidationError(f"tl.iteration expects a non-negative int loop index, got {j!r}.")
         return _Iteration(self, int(j))
@@ -192,8 +333,14 @@ class TLContext:
             raise ValidationError(f"tl.load expects a HBM handle, got {src!r}; a TCM handle is already loaded.")
         self._own(src, "tl.load")
         dst = self.alloc(src.shape, src.dtype, name=f"{src.name}_tcm" if name is None else name)
-        self._emit(DmaCmd(self._next(), src, dst, self._label(label, f"dma_load {src.name}"), self._iter))
+        if name is None and isinstance(src, LoopHandle):  # named after a source that differs per iteration
+            dst = LoopHandle.named(dst, src, "_tcm")
+        self._emit(self._dma(src, dst, label, "dma_load "))
         return dst
+
+    def _dma(self, src: Handle, dst: Handle, label: str | None, verb: str) -> DmaCmd:
+        auto = verb if label is None and isinstance(src, LoopHandle) else None
+        return DmaCmd(self._next(), src, dst, self._label(label, verb + src.name), self._iter, auto)
 
     def store(self, src: Handle, dst: Handle, *, label: str | None = None) -> Completion:
         """DMA the TCM handle ``src`` back to the HBM handle ``dst``; returns its completion.
@@ -212,16 +359,20 @@ class TLContext:
             raise ValidationError(f"tl.store {src.name} -> {dst.name}: shapes/dtypes differ "
                                   f"({src.shape} {src.dtype} vs {dst.shape} {dst.dtype}); a DMA copies bytes, "
                                   f"so allocate the destination with the same shape and dtype.")
-        return self._emit(DmaCmd(self._next(), src, dst, self._label(label, f"dma_store {src.name}"), self._iter))
+        return self._emit(self._dma(src, dst, label, "dma_store "))
 
     def wait(self, completion: Completion) -> None:
         """Stall PE_CPU (before the next command) until ``completion``'s command has completed.
 
-        A hand-built ``Completion(k)`` means command k of this run.
+        A hand-built ``Completion(k)`` means command k of this run. In a
+        ``tl.range`` body, the completion of a command of the same body means
+        that command in the same iteration.
 
         Raises:
             ValidationError: not a Completion, one handed out by another run, or a command not yet emitted.
+            TraceError: the completion of a tl.range body's command, waited on outside that body.
         """
+        self._check_open()
         if not isinstance(completion, Completion):
             raise ValidationError(f"tl.wait expects the Completion of an emitted command, got {completion!r}.")
         if completion.origin is not None and completion.origin is not self._token:
@@ -229,10 +380,18 @@ class TLContext:
                                   f"context); a completion means a command of the run that emitted it. Wait on "
                                   f"a command of this kernel.")
         k = completion.cmd
-        if not _is_int(k) or not 0 <= k < len(self.commands):
+        lp = self._loop
+        if completion.loop is not None and (lp is None or completion.loop is not lp.var):
+            raise TraceError(f"tl.wait({completion!r}): that command belongs to a tl.range body, so it is a "
+                             f"different command in every iteration; wait on it inside its body, or {FIX}.")
+        if not _is_int(k) or not 0 <= k < self._ncmd:
             raise ValidationError(f"tl.wait: {completion!r} names no emitted command (this run has emitted "
-                                  f"{len(self.commands)}); wait on an earlier command's Completion.")
-        self.waits.append((len(self.commands), int(k)))
+                                  f"{self._ncmd}); wait on an earlier command's Completion.")
+        if lp is not None:
+            rel = completion.loop is lp.var
+            lp.waits.append((self._ncmd - lp.first, int(k) - lp.first if rel else int(k), rel))
+        else:
+            self.waits.append((self._ncmd, int(k)))
 
     # --- composites ---------------------------------------------------------------------
     def composite(self, op: str | None = None, *, a: Handle | None = None, b: Handle | None = None,
@@ -259,7 +418,8 @@ class TLContext:
             ValidationError: any invariant of DESIGN.md §3 is broken, a scalar is
                 not a real number, or a handle is not valid in this run.
         """
-        where = f"command #{len(self.commands)}"
+        self._check_open()
+        where = f"command #{self._ncmd}" + (" (in a tl.range body)" if self._loop is not None else "")
         label = self._label(label, None)
         prologue = () if prologue is None else prologue
         epilogue = () if epilogue is None else epilogue
@@ -285,8 +445,8 @@ class TLContext:
             self._own(h, f"{where} rw_handles")
         self._check_ops(flat, where)
         _validate_ops(flat, where, notes)
-        return self._emit(CompositeCmd(Completion(len(self.commands), primary, self._token), flat, rw, True,
-                                       scratch, label if label is not None else "+".join(o.kind for o in flat),
+        return self._emit(CompositeCmd(self._next(primary), flat, rw, True, scratch,
+                                       label if label is not None else "+".join(o.kind for o in flat),
                                        self._iter))
 
     # --- internals ----------------------------------------------------------------------
@@ -314,8 +474,8 @@ class TLContext:
             same[:] = [x for x in same if x.origin is None or x.origin.alive]
             same.append(h)
 
-    def _next(self) -> Completion:
-        return Completion(len(self.commands), None, self._token)
+    def _next(self, primary: Handle | None = None) -> Completion:
+        return Completion(self._ncmd, primary, self._token, None if self._loop is None else self._loop.var)
 
     @staticmethod
     def _label(label: Any, default: str | None) -> str | None:
@@ -326,7 +486,14 @@ class TLContext:
         return label
 
     def _emit(self, cmd: Command) -> Completion:
-        self.commands.append(cmd)
+        self._check_open()
+        lp = self._loop
+        if lp is None:
+            self._plain.append(cmd)
+        else:
+            lp.body.append(cmd)
+            lp.iters.append(self._iter)
+        self._ncmd += 1
         return cmd.completion
 
     def _lower_flat(self, ops: Sequence[OpSpec], rw_handles: Sequence[Handle], where: str):
@@ -490,9 +657,10 @@ class TLContext:
         """
         dtypes = frozenset(DTYPES)
         if self._scopes:
-            tag: object = f"s{len(self.commands)}"
+            tag: object = f"s{self._ncmd}"
         else:
-            key = (rd.name,) + tuple((n, h.addr if rd.operands[n] == "RW" else -1, h.shape, h.dtype)
+            key = (rd.name,) + tuple((n, (h.symbolic_key if isinstance(h, LoopHandle) else h.addr)
+                                      if rd.operands[n] == "RW" else -1, h.shape, h.dtype)
                                      for n, h in operands.items())
             hit = self._recipe_scratch.get(key)
             if hit is not None:
@@ -501,7 +669,10 @@ class TLContext:
         scratch = {}
         for s in rd.scratch:
             shape, dtype = s.resolve(operands, dtypes)
-            scratch[s.name] = self.alloc(shape, dtype, name=f"{rd.name}{tag}.{s.name}")
+            # not self.alloc: kernel-scope scratch is allocated on a recipe's first expansion, in a tl.range
+            # body as anywhere (DESIGN.md §13), and reused by every later one
+            h = scratch[s.name] = self.tcm.alloc(f"{rd.name}{tag}.{s.name}", shape, dtype)
+            self._name(h)
         if not self._scopes:
             self._recipe_scratch[key] = scratch
         return scratch
@@ -520,12 +691,24 @@ def _check_list(seq: Any, what: str) -> None:
                               + ("; wrap the dict in a list: [{...}]." if isinstance(seq, Mapping) else "."))
 
 
+class _OpenLoop:
+    """A ``tl.range`` body being traced: its commands so far, their iter labels and waits."""
+
+    __slots__ = ("var", "first", "scope_depth", "outer_iter", "body", "iters", "waits")
+
+    def __init__(self, var: LoopVar, first: int, scope_depth: int, outer_iter: int | Index):
+        self.var, self.first, self.scope_depth, self.outer_iter = var, first, scope_depth, outer_iter
+        self.body: list[Command] = []
+        self.iters: list[int | Index] = []
+        self.waits: list[tuple[int, int, bool]] = []
+
+
 class _Iteration:
     """The context manager behind ``tl.iteration`` (a class: a loop enters one per command group)."""
 
     __slots__ = ("tl", "j", "prev")
 
-    def __init__(self, tl: TLContext, j: int):
+    def __init__(self, tl: TLContext, j: int | Index):
         self.tl, self.j, self.prev = tl, j, -1
 
     def __enter__(self) -> None:
