@@ -27,38 +27,83 @@ from .config import Topology, load_topology
 from .device.steady import check_steady_state
 from .errors import ConfigError, ValidationError
 from .kernels.gqa_decode import DEFAULT_VARIANTS, VARIANTS, gqa_decode
-from .memory import DTYPES, canonical_dtype
-from .sim import MODES, Run, Simulator
+from .memory import DTYPES, Arena, canonical_dtype
+from .sim import MODES, Run, Simulator, chunks
 
 DEFAULTS = dict(kv_len=4096, group=8, head_dim=128, tile=128, dtype="bf16", mode="data", seed=0)
 
 #: The most KV tiles one run simulates: a timing-mode run holds about 15 KB per tile (commands,
 #: stages, op_log), so 2**18 tiles (32M tokens at tile 128) is already several GB.
 MAX_TILES = 1 << 18
-#: The most bytes data mode may spend on q, k and v as float32 (kv_len 4M at head_dim 128);
-#: the simulated HBM and the reference need as much again. Timing mode keeps no numbers.
+#: The most bytes data mode may spend on q, k and v as float32 (kv_len 4M at head_dim 128). A run keeps
+#: them and its simulated HBM holds them again in the storage dtype (half as much in bf16); the float64
+#: reference works in blocks. A data-mode compare of two bf16 variants peaks at about 2.4x the float32
+#: K and V (measured at 256k tokens). Timing mode keeps no numbers.
 MAX_DATA_BYTES = 1 << 32
 
 
 # --- inputs and references ---------------------------------------------------------------------
 def make_inputs(kv_len: int, group: int = 8, head_dim: int = 128, dtype: str = "bf16",
                 seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Standard-normal q (G, d), k and v (N, d) from ``seed``, rounded to ``dtype``, as float32."""
+    """Standard-normal q (G, d), k and v (N, d) from ``seed``, rounded to ``dtype``, as float32.
+
+    Drawn directly in float32 and rounded in place, a chunk at a time: no copy of K or V is made.
+    """
     rng = np.random.default_rng(seed)
     shapes = ((group, head_dim), (kv_len, head_dim), (kv_len, head_dim))
-    return tuple(_round(rng.standard_normal(s, dtype=np.float32), dtype) for s in shapes)  # type: ignore[return-value]
+    out = []
+    for s in shapes:
+        x = rng.standard_normal(s, dtype=np.float32)
+        if dtype != "fp32":
+            for sl in chunks(x):
+                x[sl] = x[sl].astype(DTYPES[dtype])
+        out.append(x)
+    return tuple(out)  # type: ignore[return-value]
 
 
 def _round(x: np.ndarray, dtype: str) -> np.ndarray:
     return np.asarray(x, np.float32).astype(DTYPES[dtype]).astype(np.float32)
 
 
+def _rounded(x: np.ndarray, dtype: str) -> np.ndarray:
+    """``x`` rounded to ``dtype``, as float32: ``x`` itself when it already is (a float32 array holding
+    ``dtype`` values: inputs passed on from an earlier run), else a new array, made a chunk at a time."""
+    if x.dtype == np.float32:
+        if dtype == "fp32":
+            return x
+        target = DTYPES[dtype]
+        with np.errstate(over="ignore", invalid="ignore"):
+            if all(np.array_equal(x[sl], x[sl].astype(target).astype(np.float32)) for sl in chunks(x)):
+                return x
+    out = np.empty(x.shape, np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):  # sim.hbm refuses what overflows
+        for sl in chunks(x):
+            out[sl] = np.asarray(x[sl], np.float32).astype(DTYPES[dtype])
+    return out
+
+
+#: Rows of K and V the float64 reference takes at a time (its float64 copies never hold more).
+REFERENCE_BLOCK = 1 << 12
+
+
 def reference(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """softmax(scale·QKᵀ)·V in float64 (scale = 1/sqrt(d)), from the given (already rounded) inputs."""
-    q64, k64, v64 = (np.asarray(x, np.float64) for x in (q, k, v))
-    s = (q64 @ k64.T) / math.sqrt(q.shape[1])
-    p = np.exp(s - s.max(axis=1, keepdims=True))
-    return (p / p.sum(axis=1, keepdims=True)) @ v64
+    """softmax(scale·QKᵀ)·V in float64 (scale = 1/sqrt(d)), from the given (already rounded) inputs.
+
+    Computed in blocks of :data:`REFERENCE_BLOCK` rows of K and V: the scores (G × N) are the largest array.
+    """
+    q64 = np.asarray(q, np.float64)
+    n = k.shape[0]
+    s = np.empty((q.shape[0], n), np.float64)
+    for r0 in range(0, n, REFERENCE_BLOCK):
+        s[:, r0:r0 + REFERENCE_BLOCK] = q64 @ np.asarray(k[r0:r0 + REFERENCE_BLOCK], np.float64).T
+    s /= math.sqrt(q.shape[1])
+    s -= s.max(axis=1, keepdims=True)  # in place: the scores become the probabilities, no copy beside them
+    p = np.exp(s, out=s)
+    p /= p.sum(axis=1, keepdims=True)
+    out = np.zeros((q.shape[0], v.shape[1]), np.float64)
+    for r0 in range(0, n, REFERENCE_BLOCK):
+        out += p[:, r0:r0 + REFERENCE_BLOCK] @ np.asarray(v[r0:r0 + REFERENCE_BLOCK], np.float64)
+    return out
 
 
 def baseline(q: np.ndarray, k: np.ndarray, v: np.ndarray, dtype: str) -> np.ndarray:
@@ -290,7 +335,7 @@ def run(variant: str, *, kv_len: int = 4096, group: int = 8, head_dim: int = 128
         if q.ndim != 2 or k.ndim != 2 or k.shape != v.shape or k.shape[1] != q.shape[1]:
             raise ValidationError(f"decode.run: q must be (G, d) and k, v (N, d); got q {q.shape}, k {k.shape}, "
                                   f"v {v.shape}.")
-        q, k, v = (_round(x, dtype) for x in (q, k, v))
+        q, k, v = (_rounded(x, dtype) for x in (q, k, v))
         group, head_dim = q.shape
         kv_len = k.shape[0]
     _check_sizes(kv_len=kv_len, group=group, head_dim=head_dim, tile=tile)
@@ -306,6 +351,8 @@ def run(variant: str, *, kv_len: int = 4096, group: int = 8, head_dim: int = 128
         try:
             if q is None:
                 q, k, v = make_inputs(kv_len, group, head_dim, dtype, seed)
+            isz = DTYPES[dtype].itemsize
+            sim.reserve((q.size + k.size + v.size) * isz + group * head_dim * 4 + 4 * Arena.ALIGN)
             qh, kh, vh = sim.hbm("q", q, dtype=dtype), sim.hbm("K", k, dtype=dtype), sim.hbm("V", v, dtype=dtype)
         except MemoryError:
             # under MAX_DATA_BYTES but more than this machine has free: still say what was asked

@@ -493,7 +493,8 @@ class Arena:
                 f"Free space with tl.scratch_scope(), use smaller tiles, or raise tcm_bytes.")
         if self.backed and self.capacity is None and addr + nbytes > self.buf.size:
             try:
-                grown = np.zeros(max(addr + nbytes, 2 * self.buf.size), dtype=np.uint8)
+                # a quarter more than needed: a few growths for many small tensors, and no doubling of a large one
+                grown = np.zeros(max(addr + nbytes, self.buf.size + self.buf.size // 4), dtype=np.uint8)
             except (MemoryError, ValueError):
                 raise ValidationError(f"HBM tensor {name!r} of shape {shape} {dtype} needs {nbytes} B, which the "
                                       f"host cannot back in data mode ({addr + nbytes} B of HBM in all); use a "
@@ -506,6 +507,22 @@ class Arena:
                    self._scopes[-1] if self._scopes else self.origin)
         self.live.append(h)
         return h
+
+    def reserve(self, nbytes: int) -> None:
+        """Grow a backed, unbounded arena (HBM) once so that ``nbytes`` more fit without growing again (the
+        tensors about to be placed; growing copies the buffer, and a large one is then briefly held twice)."""
+        need = -(-self.top // self.ALIGN) * self.ALIGN + nbytes
+        if self.backed and self.capacity is None and need > self.buf.size:
+            grown = np.zeros(need, dtype=np.uint8)
+            grown[: self.buf.size] = self.buf
+            self.buf = grown
+            self._views.clear()
+
+    def drop_last(self, h: Handle, top: int) -> None:
+        """Undo the allocation of ``h``, the last one made, restoring the top to ``top`` (what it was before)."""
+        if self.live and self.live[-1] is h:
+            self.live.pop()
+            self.top = top
 
     def mark(self) -> tuple[int, int]:
         """Open a scratch scope: allocations until the matching :meth:`release` belong to it."""

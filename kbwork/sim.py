@@ -100,7 +100,7 @@ class Simulator:
             raise ValidationError(f"sim.hbm: the name must be a non-empty string, got {name!r}.")
         if name in self._hbm:
             raise ValidationError(f"HBM tensor {name!r} already exists; pick another name.")
-        values = None
+        arr = None
         if array is None:
             if shape is None:
                 raise ValidationError(f"sim.hbm({name!r}): pass an array, or shape= (and dtype=) for an output.")
@@ -118,18 +118,23 @@ class Simulator:
                     dtype = "fp32"
             dtype = canonical_dtype(dtype)
             shape = check_shape(name, arr.shape)
-            with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below
-                values = arr.astype(np.float32).astype(DTYPES[dtype])
-            if not np.isfinite(values.astype(np.float32)).all():
-                big = float(np.max(np.abs(arr.astype(np.float64))))
-                raise ValidationError(f"sim.hbm({name!r}): values up to {big:.4g} overflow {dtype} "
-                                      f"(largest finite {DTYPE_MAX[dtype]:.4g}); they would be "
-                                      f"stored as inf. Scale the data or use a wider dtype.")
-        h = self.memory.hbm.alloc(name, shape, dtype)
-        if values is not None and self.memory.backed:
-            self.memory.hbm.view(h)[...] = values
+        hbm = self.memory.hbm
+        top = hbm.top
+        h = hbm.alloc(name, shape, dtype)
+        if arr is not None:
+            try:  # checked and written a chunk at a time: no full-size copy of a large tensor beside it
+                place(name, arr, dtype, hbm.view(h) if self.memory.backed else None)
+            except ValidationError:
+                hbm.drop_last(h, top)
+                raise
         self._hbm[name] = h
         return h
+
+    def reserve(self, nbytes: int) -> None:
+        """Make room in HBM for ``nbytes`` of tensors about to be placed (data mode), so that placing them never
+        regrows the HBM buffer (which briefly holds a large one twice). Optional: placement grows HBM anyway."""
+        if self.memory.backed:
+            self.memory.hbm.reserve(int(nbytes))
 
     def run(self, kernel: Callable[..., Any], *args: Any, steady_state: bool = True, **kwargs: Any) -> "Run":
         """Run ``kernel(tl, *args, **kwargs)`` once and simulate the commands it emits.
@@ -218,6 +223,54 @@ class Simulator:
         return raw.view(DTYPES[h.dtype]).reshape(h.shape)
 
 
+#: Bytes of input placed (checked and rounded) at a time.
+PLACE_CHUNK_BYTES = 1 << 23
+
+
+def chunks(arr: np.ndarray, nbytes: int = PLACE_CHUNK_BYTES) -> Iterator[slice]:
+    """Row slices of ``arr`` (its first axis) of about ``nbytes`` each."""
+    n = arr.shape[0] if arr.ndim else 1
+    row = max(1, arr.nbytes // max(n, 1))
+    step = max(1, nbytes // row)
+    for r0 in range(0, n, step):
+        yield slice(r0, min(n, r0 + step))
+
+
+def _finite(x: np.ndarray) -> bool:
+    """Whether every value of ``x`` is finite (bf16 read on its bits: numpy's own check on it is slow)."""
+    if x.dtype == DTYPES["bf16"]:
+        return bool(((x.view(np.uint16) & 0x7F80) != 0x7F80).all())
+    return bool(np.isfinite(x).all())
+
+
+def place(name: str, arr: np.ndarray, dtype: str, out: np.ndarray | None) -> None:
+    """Check ``arr`` (finite, representable in ``dtype``) and write it rounded to ``dtype`` into ``out`` (if given),
+    a chunk of rows at a time. Values go through float32 first, as the PE's numbers do.
+
+    Raises:
+        ValidationError: NaN or inf in the array, or values that overflow ``dtype``.
+    """
+    target = DTYPES[dtype]
+    a = arr if arr.ndim else arr.reshape(1)
+    dst_all = None if out is None else out.reshape(a.shape)
+    for sl in chunks(a):
+        c = a[sl]
+        with np.errstate(over="ignore", invalid="ignore"):  # what overflows is refused just below
+            v = c if c.dtype == np.float32 else c.astype(np.float32)
+            if dst_all is None:
+                dst = v if target == np.float32 else v.astype(target)
+            else:
+                dst = dst_all[sl]
+                dst[...] = v
+        if not _finite(dst):
+            if (c.dtype.kind == "f" or c.dtype == DTYPES["bf16"]) and not _finite(c):
+                raise ValidationError(f"sim.hbm({name!r}): the array holds NaN or inf; pass finite values.")
+            big = max(float(np.max(np.abs(a[x].astype(np.float64)))) for x in chunks(a))
+            raise ValidationError(f"sim.hbm({name!r}): values up to {big:.4g} overflow {dtype} "
+                                  f"(largest finite {DTYPE_MAX[dtype]:.4g}); they would be "
+                                  f"stored as inf. Scale the data or use a wider dtype.")
+
+
 def _host_array(name: str, array: Any) -> np.ndarray:
     """``array`` as a numpy array of real numbers, or a ValidationError saying what it is instead."""
     try:
@@ -231,8 +284,6 @@ def _host_array(name: str, array: Any) -> np.ndarray:
     if arr.dtype.kind not in "iuf" and arr.dtype != DTYPES["bf16"]:
         raise ValidationError(f"sim.hbm({name!r}): the array holds {arr.dtype} values, not real numbers; pass "
                               f"ints or floats.")
-    if arr.size and not np.isfinite(arr.astype(np.float64)).all():
-        raise ValidationError(f"sim.hbm({name!r}): the array holds NaN or inf; pass finite values.")
     return arr
 
 
@@ -265,10 +316,8 @@ class Run:
         self.mode = sim.mode
         self.program = prog
         # what the timeline recorded, as arrays (a million-entry list would be walked by the garbage
-        # collector once the run re-enables it)
+        # collector once the run re-enables it); a steady-state run builds them on first use
         self.timeline = timeline
-        self._start = timeline.start
-        self._end = timeline.end
         self._hbm_names = hbm_names
         self._tcm_names = tcm_names
         self._tcm = tcm
@@ -276,23 +325,36 @@ class Run:
         self._snapshot = snapshot
         self._op_log: pd.DataFrame | None = None
         self._bindings: Bindings | None = None
-        self.cycles = int(self._end.max()) if len(self._end) else 0
+        cycles = getattr(timeline, "cycles", None)
+        self.cycles = cycles if cycles is not None else (int(timeline.end.max()) if len(timeline.end) else 0)
         #: for a decode run in timing mode, how it was computed (``steady.SteadyState``); else None
         self.steady_state = None
         #: wall-clock seconds of each phase (emit, schedule, simulate, op_log), for benchmarks
         self.timings: dict[str, float] = {}
 
     def __repr__(self) -> str:
-        return (f"Run({self.mode}, {len(self.program.commands)} commands, {len(self._end)} stages, "
-                f"{self.cycles} cycles = {self.topology.cycles_to_us(self.cycles):.3f} us)")
+        how = f"; {self.steady_state.path}" if self.steady_state is not None else ""
+        return (f"Run({self.mode}, {len(self.program.commands)} commands, {self.n_stages} stages, "
+                f"{self.cycles} cycles = {self.topology.cycles_to_us(self.cycles):.3f} us{how})")
 
     @property
-    def commands(self) -> tuple:
+    def _start(self) -> np.ndarray:
+        return self.timeline.start
+
+    @property
+    def _end(self) -> np.ndarray:
+        return self.timeline.end
+
+    @property
+    def commands(self):
+        """Every command of the run, in program order: a sequence instantiated on access (a long loop's
+        commands are made when read; ints, negative ints and slices work as on a list)."""
         return self.program.commands
 
     @property
     def n_stages(self) -> int:
-        return len(self._end)
+        """How many stages the run has (those simulated and, on the steady path, those inserted)."""
+        return len(self.program.table)
 
     @property
     def op_log(self) -> pd.DataFrame:
@@ -379,6 +441,9 @@ class Run:
         ``(cause code, stage)``, the code an index into ``device.walk.CAUSES``."""
         if self._bindings is None:
             self._bindings = Bindings(self.program, self.timeline)
+            ex = getattr(self.program, "_ex", None)
+            if ex is not None:  # a steady-state run: the critical path repeats with the inserted periods
+                self._bindings.periods = ex.periods()
         return self._bindings
 
     def critical_path(self) -> pd.DataFrame:

@@ -128,6 +128,8 @@ class PeState:
     release_at: dict[int, int] = field(default_factory=dict)
     hits: list[list[int]] = field(default_factory=list)
     waited: list[tuple[int, int]] = field(default_factory=list)
+    #: commands whose footprints a steady-state jump moved on: their own (reads, writes)
+    moved: dict[int, tuple] = field(default_factory=dict)
     last_completion: tuple[int, int] = (-1, -1)
     last_release: tuple[int, int] = (-1, -1)
 

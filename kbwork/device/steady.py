@@ -1,18 +1,71 @@
 """The exact steady state of ``tl.range`` loops (DESIGN.md §12), and running a program through the event loop.
 
-(The proof and the insertion are filled in below; :func:`simulate_program` is what a run calls.)
+In timing mode a run stops simulating a loop once the event loop's whole
+dynamic state at an iteration boundary equals its state some whole number
+of periods earlier, shifted by a constant number of cycles; the remaining
+periods are then known exactly, and the run goes on from the shifted state.
+Nothing is assumed about the kernel beyond what the trace says:
+
+**Periodic by construction.** A ``tl.range`` body is traced once and
+instantiated per iteration (:mod:`kbwork.pe.program`), so iteration
+``i + P`` repeats iteration ``i`` with every row slice moved by its stride,
+where ``P`` is the loop's period: the lcm of the periods of the rings it
+indexes with its index and of the staging ring's (``Program.loop_period``).
+
+**Shift-invariant hazards.** A loop is accelerated only where the hazard
+relation between its iterations depends on their distance alone: every pair
+of byte ranges its body touches, one of them written, is fixed against
+fixed, ring slot against anything fixed, two row slices moving with one
+stride, or a moving slice that meets a fixed range at every iteration or at
+none (:func:`shift_invariant`). Otherwise the loop runs in full and the run
+says why.
+
+**Boundaries and states.** A boundary is the instant the next command the
+CPU would dispatch is the first of an iteration and nothing of it has been
+lowered: the CPU is free, its queue has room (its DISPATCH starts then,
+unless a ``tl.wait`` holds it). The state there (:func:`canonical`) is
+every variable of the event loop, with times, seqs and command ids as
+offsets from the boundary's: the running stages (ends and units), each
+engine's ready queue, the unmet dependencies and cross-command waiters of
+every stage not yet started in the commands from the first incomplete one,
+those commands' completion, the dispatch and plan counters, the queue
+occupancy, the hazard holds (strict FIFO's held command; rw_aware's counts
+and waiters), the staging ring (each buffer's last consumer, or "ended")
+and the iteration's phase in the loop's period. Everything it refers to
+must be a command of the loop (the first incomplete one, and the
+``reach`` commands a staging edge can look back): then commands at equal
+offsets are the same body commands, ``p`` iterations apart.
+
+**The jump.** When the state at iteration ``i2`` equals the one at ``i1 <
+i2`` (``p = i2 - i1`` a multiple of ``P``), the future from ``i2`` is the
+future from ``i1`` shifted — the event loop is deterministic and only
+compares times, seqs and the footprints' overlaps, which the shift
+preserves — so iteration ``i2 + k·p`` sees the state of ``i2`` shifted ``k``
+times. The cursor moves past ``k·p`` iterations, the footprints of the
+commands still in flight move by ``k·p`` strides, and the loop goes on; it
+leaves at least ``cmd_queue_depth`` commands (and a period) of the loop
+before its last iteration, so the CPU's look-ahead into what follows is
+simulated, not assumed. The run's records are the simulated ones with the
+period's block repeated ``k`` times (:mod:`.expand`). Several loops are
+accelerated one after another.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ValidationError
 from ..pe.engines import DataExecutor
-from ..pe.scheduler import Program, Schedule
-from .loop import new_pe, run
+from ..pe.program import Loop
+from ..pe.scheduler import Program, Schedule, _spans_at
+from .loop import PeState, new_pe, run
 from .records import Timeline, schedule_of, timeline_of
+
+#: Boundaries a loop is watched for a repeated state before the steady state gives up on it (plus four
+#: structural periods).
+WATCH = 64
 
 
 def check_steady_state(value: Any, where: str) -> None:
@@ -30,10 +83,10 @@ def check_steady_state(value: Any, where: str) -> None:
 class SteadyState:
     """Which path a run took (``run.steady_state``).
 
-    ``path`` is ``"steady"`` (some loop's remaining periods were inserted) or
-    ``"full"`` (every stage simulated; ``reason`` says why). ``period`` is the
-    proven period in iterations (or None), ``proven_at`` the iteration at
-    which the proof closed (or None).
+    ``path`` is ``"steady"`` (some loop's remaining periods were inserted) or ``"full"`` (every stage
+    simulated; ``reason`` says why). ``period`` is the proven period in iterations (of the first loop
+    accelerated) or None, ``proven_at`` the iteration at which that proof closed or None; ``loops`` has
+    one line per loop of the program (what happened to it), ``inserted`` the periods inserted in all.
     """
 
     path: str
@@ -41,6 +94,7 @@ class SteadyState:
     proven_at: int | None = None
     reason: str | None = None
     inserted: int = 0
+    loops: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
         if self.path == "steady":
@@ -49,15 +103,275 @@ class SteadyState:
         return f"SteadyState(full: {self.reason})"
 
 
+@dataclass(frozen=True)
+class Insertion:
+    """``k`` copies of the block between two equivalent boundaries, in the simulation's own numbering.
+
+    The block is the commands ``c1 .. c2 - 1`` (stages ``s1 .. s2 - 1``), iterations ``i1 .. i2 - 1`` of
+    ``loop``, lasting ``dt = t2 - t1`` cycles; it is inserted ``k`` times at ``c2``/``s2``/``t2``.
+    """
+
+    loop: Loop
+    i1: int
+    i2: int
+    c1: int
+    c2: int
+    s1: int
+    s2: int
+    t1: int
+    t2: int
+    k: int
+
+    @property
+    def p(self) -> int:
+        return self.i2 - self.i1
+
+    @property
+    def dcmd(self) -> int:
+        return self.c2 - self.c1
+
+    @property
+    def dseq(self) -> int:
+        return self.s2 - self.s1
+
+    @property
+    def dt(self) -> int:
+        return self.t2 - self.t1
+
+
+# --- the static rule -----------------------------------------------------------------------------------
+def _meets(m1: tuple, m2: tuple, n: int) -> str:
+    """How two footprint makers (``scheduler._span_maker``) relate over ``n`` iterations: ``"never"``,
+    ``"always"`` (at every iteration, or a relation that moves with the iterations' distance),
+    or ``"varies"``."""
+    k1, k2 = m1[0], m2[0]
+    if k1 > k2:
+        m1, m2, k1, k2 = m2, m1, k2, k1
+    if k1 == 0 and k2 == 0:
+        return "always"                          # fixed against fixed: the same at every iteration
+    if k2 == 3:
+        return "varies"                          # a handle too general to reason about
+    if k1 == 0 and k2 == 2:
+        return "always"                          # fixed against a ring slot: periodic
+    if k1 == 2 and k2 == 2:
+        return "always"
+    if k1 == 0 and k2 == 1:
+        tcm, lo, hi = m1[1]
+        if tcm != m2[1]:
+            return "never"
+        hits = [lo < a + m2[4] and a < hi for a in (m2[2] + m2[3] * i for i in _probe(n, m2[3], lo, hi, m2[2],
+                                                                                          m2[4]))]
+        return "never" if not any(hits) else "always" if all(hits) else "varies"
+    if k1 == 1 and k2 == 1:
+        if m1[1] != m2[1]:
+            return "never"
+        if m1[3] == m2[3]:
+            return "always"                      # one stride: the relation depends on the distance alone
+        h1 = (min(m1[2], m1[2] + m1[3] * (n - 1)), max(m1[2], m1[2] + m1[3] * (n - 1)) + m1[4])
+        h2 = (min(m2[2], m2[2] + m2[3] * (n - 1)), max(m2[2], m2[2] + m2[3] * (n - 1)) + m2[4])
+        return "never" if h1[1] <= h2[0] or h2[1] <= h1[0] else "varies"
+    if k1 == 1 and k2 == 2:                      # a moving slice against each slot of a ring
+        verdicts = {_meets((0, span), m1, n) for span in m2[1]}
+        return "varies" if "varies" in verdicts else "always"
+    return "varies"
+
+
+def _probe(n: int, stride: int, lo: int, hi: int, a0: int, size: int) -> list[int]:
+    """The iterations at which a slice moving by ``stride`` can start or stop meeting ``[lo, hi)``: the
+    first, the last, and where it crosses the range's ends (the set it meets is one interval of iterations)."""
+    pts = {0, n - 1}
+    if stride:
+        for edge in (lo - size, hi):
+            x = (edge - a0) / stride
+            for i in (math.floor(x) - 1, math.floor(x), math.floor(x) + 1, math.floor(x) + 2):
+                if 0 <= i < n:
+                    pts.add(i)
+    return sorted(pts)
+
+
+def shift_invariant(prog: Program, loop: Loop) -> str | None:
+    """None when ``loop``'s hazard relation between iterations depends on their distance alone (module
+    docstring), else what breaks it, in words."""
+    n = loop.iterations
+    uses = []  # (body index, maker, written)
+    for k in range(len(loop.body)):
+        bc = prog.body_command(loop, k)
+        uses += [(k, m, False) for m in bc.reads] + [(k, m, True) for m in bc.writes]
+    for x, (k1, m1, w1) in enumerate(uses):
+        for k2, m2, w2 in uses[x:]:
+            if not (w1 or w2):
+                continue
+            if _meets(m1, m2, n) == "varies":
+                what = "a range that moves with the index" if 1 in (m1[0], m2[0]) else "a range"
+                return (f"loop {loop.number}: body command {k1} ({loop.body[k1].label!r}) and body command {k2} "
+                        f"({loop.body[k2].label!r}) touch {what} that overlaps in some iterations and not in "
+                        f"others, so the hazards between iterations are not the same from one period to the next")
+    return None
+
+
+# --- the state at a boundary -------------------------------------------------------------------------------
+def canonical(pe: PeState, t: int, phase: int) -> tuple | None:
+    """The whole dynamic state of ``pe`` at a boundary, with times, seqs and commands as offsets from it
+    (module docstring); None when it refers to a command outside the boundary's loop."""
+    ctab, table = pe.ctab, pe.table
+    c = pe.n_lowered
+    s0 = len(pe.start)
+    loop = pe.cursor.at_boundary()[0]
+    lo = min(pe.first_incomplete, c - pe.cursor.reach - 1)
+    if lo < 0 or ctab.loop[lo] is not loop:
+        return None
+    start, end, unit, remaining, xsucc = pe.start, pe.end, pe.unit, pe.remaining, pe.xsucc
+    window = ctab.dispatch_seq[pe.first_incomplete] if pe.first_incomplete < c else s0
+    stages = []
+    for s in range(window, s0):
+        if start[s] < 0:
+            x = xsucc[s]
+            stages.append((s - s0, remaining[s], None if x is None else tuple(u - s0 for u in x)))
+        elif end[s] > t:
+            x = xsucc[s]
+            stages.append((s - s0, end[s] - t, unit[s], None if x is None else tuple(u - s0 for u in x)))
+    ring = pe.cursor.ring
+    nb = ring.n_buffers
+    ring_state = tuple((slot, ring._count[slot] % nb,
+                        tuple(None if q is None or -1 < end[q] <= t else q - s0 for q in ring._consumer[slot]))
+                       for slot in ring.SLOTS)
+    f = pe.first_incomplete
+    return (phase, tuple(sorted((e - t, q - s0) for e, q in pe.events)), tuple(tuple(sorted(q - s0 for q in rq))
+                                                                                   for rq in pe.ready_q),
+            tuple(stages), tuple(x - c for x in range(f, c) if pe.completed[x]), tuple(pe.cmd_left[f:c]),
+            f - c, pe.next_dispatch - c, pe.dispatched_end - c, pe.next_plan - c, pe.in_flight,
+            tuple(x - c for x in pe.active), pe.held_strict - c if pe.held_strict >= 0 else None,
+            tuple(sorted((h - c, n) for h, n in pe.held_count.items())),
+            tuple(sorted((o - c, tuple(h - c for h in hs)) for o, hs in pe.waiters.items())), ring_state)
+
+
+@dataclass(eq=False)
+class _Watch:
+    """What the steady state knows of one loop while the run goes on."""
+
+    loop: Loop
+    period: int
+    why_not: str | None
+    seen: dict[tuple, tuple[int, int, int, int]] = field(default_factory=dict)  # state -> (i, c, s, t)
+    watched: int = 0
+    outcome: str = ""
+
+
+class Steady:
+    """The steady state of one run: called at every boundary (``loop.run``'s ``on_boundary``)."""
+
+    def __init__(self, prog: Program):
+        self.prog = prog
+        self.watches: dict[int, _Watch] = {}
+        self.insertions: list[Insertion] = []
+        self.first: tuple[int, int] | None = None  # (period, proven at) of the first insertion
+
+    def watch(self, loop: Loop) -> _Watch:
+        w = self.watches.get(loop.number)
+        if w is None:
+            why = shift_invariant(self.prog, loop)
+            w = self.watches[loop.number] = _Watch(loop, self.prog.loop_period(loop), why)
+            if why is not None:
+                w.outcome = f"simulated in full: {why}"
+        return w
+
+    def __call__(self, pe: PeState, t: int) -> None:
+        loop, i = pe.cursor.at_boundary()
+        w = self.watch(loop)
+        if w.why_not is not None or w.outcome:
+            return
+        depth = self.prog.topo.cmd_queue_depth
+        cpi = len(loop.body)
+        # iterations the loop keeps after a jump: a period, and cmd_queue_depth commands before its last
+        keep = w.period + -(-depth // cpi) + 1
+        if loop.iterations - i < keep + w.period:
+            if not w.seen:
+                w.outcome = (f"simulated in full: {loop.iterations} iterations, too few to prove a period and "
+                             f"insert one")
+            else:
+                w.outcome = (f"simulated in full: no repeated state within its first {i} iterations (it has "
+                             f"{loop.iterations})")
+            return
+        w.watched += 1
+        if w.watched > WATCH + 4 * w.period:
+            w.outcome = f"simulated in full: no repeated state within the first {w.watched - 1} boundaries watched"
+            return
+        key = canonical(pe, t, i % w.period)
+        if key is None:
+            return
+        c, s = pe.n_lowered, len(pe.start)
+        hit = w.seen.get(key)
+        if hit is None:
+            w.seen[key] = (i, c, s, t)
+            return
+        i1, c1, s1, t1 = hit
+        p = i - i1
+        k = (loop.iterations - i - keep) // p
+        if k < 1:
+            w.outcome = "simulated in full: the loop ended before a period could be inserted"
+            return
+        ins = Insertion(loop, i1, i, c1, c, s1, s, t1, t, k)
+        self._jump(pe, ins)
+        self.insertions.append(ins)
+        if self.first is None:
+            self.first = (p, i)
+        w.outcome = (f"steady: period {p} iterations ({t - t1} cycles) proven at iteration {i} against iteration "
+                     f"{i1}; {k} periods ({k * p} iterations) inserted")
+
+    def _jump(self, pe: PeState, ins: Insertion) -> None:
+        """Move the run past ``ins.k`` periods: the cursor skips them, and the commands still in flight take
+        the footprints they would have ``k`` periods on (the hazards they meet from now on are those)."""
+        loop, skip = ins.loop, ins.k * ins.p
+        pe.cursor.skip(loop, skip)
+        ctab = pe.ctab
+        for x in range(pe.first_incomplete, pe.n_lowered):
+            if ctab.loop[x] is loop and not pe.completed[x]:
+                bc = self.prog.body_command(loop, ctab.body[x])
+                pe.moved[x] = (ctab.reads[x], ctab.writes[x])
+                ctab.reads[x] = _spans_at(bc.reads, ctab.iteration[x] + skip)
+                ctab.writes[x] = _spans_at(bc.writes, ctab.iteration[x] + skip)
+
+    def state(self, why_full: str) -> SteadyState:
+        lines = tuple(f"loop {n}: {w.outcome or 'simulated in full'}" for n, w in sorted(self.watches.items()))
+        if not self.insertions:
+            reason = "; ".join(w.outcome.split(": ", 1)[1] for w in self.watches.values() if w.outcome) or why_full
+            return SteadyState("full", reason=reason, loops=lines)
+        return SteadyState("steady", self.first[0], self.first[1], None, sum(x.k for x in self.insertions), lines)
+
+
 def simulate_program(prog: Program, memory=None, *, steady_state: bool = True,
                      why_full: str = "steady_state=False") -> tuple[Timeline, Schedule, SteadyState]:
-    """Run ``prog`` through the event loop (with the data-mode executor when ``memory`` is given)."""
+    """Run ``prog`` through the event loop: in data mode (``memory`` given) with the executor, every stage;
+    in timing mode with the steady state unless ``steady_state`` is False.
+
+    Returns:
+        The run's timeline, its schedule (both in the real numbering: a steady run's are the simulated
+        records with the inserted periods repeated, built on first use) and how it ran.
+    """
     pe = new_pe(prog)
     if memory is not None:
         executor = DataExecutor(memory)
         with executor.quiet():
             run(pe, executor.apply)
-    else:
+        # every effect has been applied: let them go (they hold a record per stage; the analysis never reads them)
+        pe.table.effects = [None] * len(pe.table)
+        sched = schedule_of(pe, prog.trace.commands, prog.loops)
+        return timeline_of(pe, sched), sched, SteadyState("full", reason=why_full)
+    if not steady_state or not prog.loops:
         run(pe)
+        sched = schedule_of(pe, prog.trace.commands, prog.loops)
+        return timeline_of(pe, sched), sched, SteadyState(
+            "full", reason=why_full if not steady_state else "the program has no tl.range loop")
+    watcher = Steady(prog)
+    run(pe, on_boundary=watcher)
+    for x, (r, w) in pe.moved.items():  # the commands that crossed a jump keep their own footprints
+        pe.ctab.reads[x], pe.ctab.writes[x] = r, w
     sched = schedule_of(pe, prog.trace.commands, prog.loops)
-    return timeline_of(pe, sched), sched, SteadyState("full", reason=why_full)
+    tl = timeline_of(pe, sched)
+    state = watcher.state("no loop was accelerated")
+    if not watcher.insertions:
+        return tl, sched, state
+    from .expand import expand
+
+    xs, xt = expand(prog, sched, tl, watcher.insertions, pe.waited)
+    return xt, xs, state

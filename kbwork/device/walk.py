@@ -57,9 +57,9 @@ class Bindings:
         self._held_index = {int(c): i for i, c in enumerate(tl.held)}
         self._by_unit: tuple[np.ndarray, np.ndarray] | None = None
         self._path: tuple[list[int], list[int]] | None = None
-        #: ``(dseq, lo, hi)`` when stages lo..hi-1 repeat every dseq stages (a steady-state run): the
-        #: critical path then repeats too, and the walk copies whole periods of it instead of stepping
-        self.period: tuple[int, int, int] | None = None
+        #: ``(dseq, lo, hi)`` of every stretch where stages lo..hi-1 repeat every dseq stages (a steady-state
+        #: run): the critical path then repeats too, and the walk copies whole periods of it instead of stepping
+        self.periods: list[tuple[int, int, int]] = []
         # commands by (completion cycle, id): the lowest-numbered command completing at a cycle
         self._by_done = np.lexsort((np.arange(len(tl.done)), tl.done))
         self._done_sorted = tl.done[self._by_done]
@@ -173,13 +173,16 @@ class Bindings:
         seqs: list[int] = []
         causes: list[int] = []
         start, end = tl.start, tl.end
-        period = self.period
+        periods = sorted(self.periods, key=lambda x: -x[2])  # the walk goes down: the highest stretch first
+        period = periods.pop(0) if periods else None
         seen: dict[int, int] = {}  # stage -> its index in seqs, inside the repeating stretch
         for _ in range(len(end)):
             seqs.append(s)
             if start[s] == 0:
                 causes.append(DEPENDENCY)
                 break
+            while period is not None and s < period[1]:  # below this stretch: on to the next one down
+                period, seen = (periods.pop(0) if periods else None), {}
             if period is not None and period[1] <= s < period[2]:
                 dseq, lo, _ = period
                 j = seen.get(s + dseq)
@@ -187,7 +190,7 @@ class Bindings:
                     seen[s] = len(seqs) - 1
                 else:  # the path came down one whole period: copy as many more as fit
                     s = self._repeat(seqs, causes, j, dseq, lo)
-                    period = None
+                    period, seen = (periods.pop(0) if periods else None), {}
             cause, p = self(s)
             if p < 0 or end[p] != start[s]:
                 raise SimulationError(f"the critical path breaks at {self.prog.table.describe(s)}: "

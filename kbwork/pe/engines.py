@@ -9,7 +9,7 @@ scheduling bug shows up as a wrong number.
 from __future__ import annotations
 
 import math
-from typing import Mapping, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 import numpy as np
 
@@ -140,6 +140,34 @@ class Effects(NamedTuple):
     """Several effects of one stage, applied in order."""
 
     items: tuple
+
+
+class StagingRef(NamedTuple):
+    """In an effect template: the staging buffer a plan's ``rel``-th take of ``slot`` lands in (resolved against
+    the staging ring's position when the template is stamped)."""
+
+    slot: str
+    rel: int
+    shape: tuple
+    dtype: str
+
+
+def _block(b: tuple, h: Callable[[Any], Any]) -> tuple:
+    return (h(b[0]),) + b[1:]
+
+
+#: How each effect type is bound to one instance of its command: ``bind(effect, h, key)`` with ``h`` mapping a
+#: template's handles (loop handles, staging references) to the instance's and ``key`` its accumulator keys.
+BINDERS: dict[type, Callable[..., Any]] = {
+    CopyBlock: lambda e, h, key: CopyBlock(h(e.src), e.r0, e.r1, e.c0, e.c1, h(e.dst)),
+    Fetch: lambda e, h, key: Fetch(key(e.key), _block(e.a, h), _block(e.b, h), e.trans_b),
+    GemmTile: lambda e, h, key: GemmTile(key(e.key), key(e.acc), e.first),
+    AccOp: lambda e, h, key: AccOp(e.kind, key(e.acc), None if e.other is None else _block(e.other, h), e.extra),
+    StoreAcc: lambda e, h, key: StoreAcc(key(e.acc), h(e.out), e.r0, e.r1, e.c0, e.c1),
+    MathOp: lambda e, h, key: MathOp(e.kind, {n: h(x) for n, x in e.operands.items()}, e.extra, h(e.out)),
+    MathAcc: lambda e, h, key: MathAcc(e.kind, h(e.target), {n: h(x) for n, x in e.operands.items()}, e.extra),
+    Effects: lambda e, h, key: Effects(tuple(BINDERS[x.__class__](x, h, key) for x in e.items)),
+}
 
 
 class DataExecutor:

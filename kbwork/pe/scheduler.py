@@ -34,8 +34,9 @@ from .engines import Latency
 from .program import Loop, Plain, Trace
 from ..symbolic import Index
 from .stages import Engine, Phase, RawStageTable, StageKind, StageTable
+from .engines import BINDERS, StagingRef
 from .templates import (PLAN_CACHE, SEEN_ONCE, UNSEEN, CommandTemplate, PlanTemplate, handle_names, record,
-                        signature_key, stamp)
+                        record_effects, signature_key, stamp)
 from .tiling import StagingRing, generate_plan_from_ops, named_handles
 
 #: A byte range in one memory: (space is TCM, first byte, one past the last); ``Handle.span``.
@@ -134,6 +135,7 @@ class _BodyCommand:
     plan: int
     template: CommandTemplate | None
     paths: tuple               # the handles whose names the template's stages carry, per iteration
+    effects: tuple | None      # data mode: the plan stages' effect templates (``templates.record_effects``)
     reads: tuple               # how each footprint entry is made per iteration (``_span_maker``)
     writes: tuple
     taken: dict[str, int]      # staging buffers taken per slot per iteration
@@ -191,7 +193,7 @@ class Program:
         self.topo = topo
         self.with_effects = with_effects
         self.staging_base = staging_base
-        self.templates = templates and not with_effects
+        self.templates = templates
         self.scale = dict(scale or {})
         self.latency = Latency(topo)
         self.n_commands = trace.n_commands
@@ -255,17 +257,20 @@ class Program:
                         tpl = record(cmd, self.topo, self.latency)
                         self._plans.put(sig, tpl)
             reads, writes = _handles(cmd)
+            effects = None
             if tpl is not None:
                 paths = tuple((cmd.ops[oi].out if port is None else cmd.ops[oi].operands[port])
                               for oi, port in tpl.paths)
                 taken = {slot: n for slot, n, _ in tpl.ring}
                 ct = self.command_template(cmd, tpl)
+                if self.with_effects:
+                    effects = record_effects(cmd, self.topo, self.latency)
             else:
                 paths, ct = (), None
                 taken = _taken(cmd, self.topo, self.latency)
             n_ops = 1 if isinstance(cmd, DmaCmd) else len(cmd.ops)
             bc = self._body[key] = _BodyCommand(
-                self.dispatch_of(cmd.logical_bytes), self.plan_of(n_ops), ct, paths,
+                self.dispatch_of(cmd.logical_bytes), self.plan_of(n_ops), ct, paths, effects,
                 tuple(dict.fromkeys(_span_maker(h) for h in reads)),
                 tuple(dict.fromkeys(_span_maker(h) for h in writes)), taken)
         return bc
@@ -484,6 +489,7 @@ class Cursor:
         ring = self.ring
         nb = ring.n_buffers
         count, consumer = ring._count, ring._consumer
+        effects = table.effects if prog.with_effects else None
         for j in range(m):
             ib = ib0 + j * n
             for k in range(K):  # program order: each DISPATCH after the previous one, each PLAN after the previous
@@ -491,6 +497,8 @@ class Cursor:
                 xpreds[d] = () if prev_d is None else (prev_d,)
                 xpreds[d + 1] = () if prev_p is None else (prev_p,)
                 prev_d, prev_p = d, d + 1
+            if effects is not None:
+                self._bind_effects(loop, it, i0 + j, cid + j * K, ib, effects)
             for k in it.ring_users:
                 ct = it.cts[k]
                 base = ib + doff[k]
@@ -537,6 +545,42 @@ class Cursor:
         ctab.iteration += [i0 + j for j in range(m) for _ in range(K)]
         ctab.body += list(range(K)) * m
 
+    def _bind_effects(self, loop: Loop, it: _IterationTemplate, i: int, cid: int, ib: int, effects: list) -> None:
+        """Write the data-mode effects of iteration ``i`` (its first command numbered ``cid``, its first stage
+        at ``ib``), each body command's as :meth:`_bind_command` does, the ring moving on between them."""
+        count = dict(self.ring._count)
+        memo: dict[int, Any] = {}
+        for k, ct in enumerate(it.cts):
+            self._bind_command(self.program.body_command(loop, k), i, cid + k, ib + it.doff[k], effects, count, memo)
+            for slot, taken, _ in ct.plan.ring:
+                count[slot] += taken
+
+    def _bind_command(self, bc: "_BodyCommand", i: int, cid: int, d: int, effects: list, count: dict,
+                      memo: dict) -> None:
+        """Write the data-mode effects of body command ``bc`` in iteration ``i`` (numbered ``cid``, its DISPATCH at
+        seq ``d``): its effect template bound to the iteration's handles, to the staging buffers the ring holds
+        for it (``count``: the ring's takes before the command) and to its own accumulators."""
+        ring = self.ring
+        nb = ring.n_buffers
+
+        def h(x):
+            cls = x.__class__
+            if cls is LoopHandle:
+                y = memo.get(id(x))
+                if y is None:
+                    y = memo[id(x)] = x.at(i)
+                return y
+            if cls is StagingRef:
+                return ring.handle(x.slot, (count[x.slot] + x.rel) % nb, x.shape, x.dtype)
+            return x
+
+        def key(kk: tuple) -> tuple:  # accumulators are keyed by the instance
+            return (cid,) + kk[1:]
+        base = d + 2
+        for x, e in enumerate(bc.effects):
+            if e is not None:
+                effects[base + x] = BINDERS[e.__class__](e, h, key)
+
     def _lower_loop_command(self, loop: Loop, i: int, k: int, cid: int) -> None:
         prog, table = self.program, self.table
         real = self.next
@@ -546,8 +590,11 @@ class Cursor:
         d = len(table)
         prev_d, prev_p = self._order(d)
         if bc.template is not None:
+            count = dict(self.ring._count)  # the ring before the command takes its buffers
             self.ext_edges = stamp(bc.template, cid, [h.name_at(i) if h.__class__ is LoopHandle else h.name
                                                       for h in bc.paths], table, self.ring, prev_d, prev_p)
+            if prog.with_effects:
+                self._bind_command(bc, i, cid, d, table.effects, count, {})
             self._note_reach(self.ext_edges)
             reads, writes, label = _spans_at(bc.reads, i), _spans_at(bc.writes, i), body_cmd.label
         else:
@@ -604,7 +651,7 @@ class Cursor:
         """The plan cache's template for a plain command, if it has one; records it on the second sighting
         (a one-off command, the final store, never pays for recording)."""
         plans = self.program._plans
-        if plans is None or isinstance(cmd, DmaCmd):
+        if plans is None or isinstance(cmd, DmaCmd) or self.program.with_effects:
             return None
         key = signature_key(cmd)
         if key is None:

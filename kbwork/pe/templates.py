@@ -31,6 +31,7 @@ from ..config import Topology
 from . import ops
 from .commands import CompositeCmd
 from .engines import Latency
+from .engines import StagingRef
 from .stages import Engine, Phase, RawStageTable, StageKind, StageTable
 from .tiling import StagingRing, generate_plan_from_ops, named_handles
 
@@ -94,6 +95,21 @@ class _RecordingRing(StagingRing):
     def bind(self, slot: str, buf: int, consumer_seq: int) -> None:
         super().bind(slot, buf, consumer_seq)
         self.local_binds[slot][buf] = consumer_seq
+
+    def handle(self, slot: str, buf: int, shape: tuple[int, ...], dtype: str) -> StagingRef:
+        # an effect template names the buffer by its relative index: the real one depends on where the ring
+        # stands when the template is stamped
+        return StagingRef(slot, buf, shape, dtype)
+
+
+def record_effects(cmd: CompositeCmd, topo: Topology, lat: Latency) -> tuple:
+    """The data-mode effects of ``cmd``'s plan stages, as a template (one per plan stage, ``None`` where a stage
+    has none): they name ``cmd``'s own handles (loop handles included), staging buffers as
+    :class:`~kbwork.pe.engines.StagingRef` and accumulators by ``cmd``'s id; ``engines.BINDERS`` binds them
+    to an instance. The stages are those of the command's :class:`PlanTemplate`, in the same order."""
+    table = RawStageTable(with_effects=True)
+    generate_plan_from_ops(cmd, topo, table, _RecordingRing(topo), lat, after=(_AFTER,))
+    return tuple(table.effects)
 
 
 #: Topology fields no plan reads: dispatch calibration, queue depth and hazard policy act in the

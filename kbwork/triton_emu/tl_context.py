@@ -70,6 +70,9 @@ def check_scalar(where: str, name: str, value: Any) -> None:
     Raises:
         ValidationError: naming ``where``, the scalar and what to pass instead.
     """
+    if isinstance(value, Index):
+        raise TraceError(f"{where}: {name}={value.text} is a tl.range index; a scalar the PE ships is a constant, "
+                         f"the same in every iteration ({FIX}).")
     if value is None:
         raise ValidationError(f"{where}: {name}=None; give it a number (int or float).")
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
@@ -481,6 +484,9 @@ class TLContext:
     def _label(label: Any, default: str | None) -> str | None:
         if label is None:
             return default
+        if isinstance(label, Index):
+            raise TraceError(f"label={label.text}: a label is text, the same in every iteration of a tl.range body; "
+                             f"the op_log's iter column says which iteration a command belongs to.")
         if not isinstance(label, str):
             raise ValidationError(f"label= must be a string, got {label!r}.")
         return label
