@@ -1,13 +1,26 @@
 """A decode step of a model on the AHBM device, beside a host GPU (DESIGN.md §15).
 
-The pieces so far: :mod:`.files` (model and host files), :mod:`.host` (the
-GEMM roofline and the GPU-only attention), :mod:`.tasks` (the mapping of a
-layer's decode tasks to PEs).
+>>> from kbwork import model
+>>> s = model.step("llama-3-70b", [32768] * 16, variant="opt2")
+>>> s.seconds, s.tokens_per_s, s.bound
+>>> s.breakdown
+>>> model.compare("llama-3-8b", [8192] * 16)          # variants x placements
+
+The pieces: :mod:`.files` (model and host files), :mod:`.host` (the GEMM
+roofline and the GPU-only attention), :mod:`.tasks` (the mapping of a layer's
+decode tasks to PEs), :mod:`.device` (the device and one layer's attention on
+it), :mod:`.schedule` (serial and ping-pong as a list schedule) and
+:mod:`.steps` (the step itself).
 """
 
+from .device import DEVICE_V1, Device, load_device
 from .files import Host, Model, load_host, load_model
 from .host import Gemm, HostAttention, gemm, host_attention, layer_gemms, lm_head
+from .schedule import Job, list_schedule
+from .steps import DEFAULT_VARIANTS, PLACEMENTS, AttentionRun, Step, compare, step
 from .tasks import Padding, Task, assign_tasks
 
-__all__ = ["load_model", "load_host", "Model", "Host", "Task", "Padding", "assign_tasks", "gemm", "Gemm",
-           "layer_gemms", "lm_head", "host_attention", "HostAttention"]
+__all__ = ["step", "compare", "Step", "AttentionRun", "load_model", "load_host", "load_device", "Model",
+           "Host", "Device", "Task", "Padding", "assign_tasks", "gemm", "Gemm", "layer_gemms", "lm_head",
+           "host_attention", "HostAttention", "Job", "list_schedule", "DEVICE_V1", "DEFAULT_VARIANTS",
+           "PLACEMENTS"]
