@@ -133,3 +133,37 @@ def test_a_host_file_needs_every_key_and_names_itself(tmp_path):
     with pytest.raises(ConfigError, match="host must be a name"):
         load_host(3.5)
     assert isinstance(load_host(None), Host) and isinstance(load_model("llama-3-8b"), Model)
+
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "model.md"
+
+
+def _doc_rows(key: str, section: str) -> list[list[str]]:
+    """The table rows of ``key`` in the section of docs/model.md whose heading starts with ``section``."""
+    text = DOC.read_text(encoding="utf-8").split(f"\n## {section}", 1)[1].split("\n## ", 1)[0]
+    return [[c.strip() for c in line.strip().strip("|").split("|")]
+            for line in text.splitlines() if line.startswith(f"| `{key}` |")]
+
+
+@pytest.mark.parametrize("key", MODEL_KEYS)
+def test_docs_give_every_model_key_with_both_models_values(key):
+    (row,) = _doc_rows(key, "Model keys")
+    m8, m70 = load_model("llama-3-8b"), load_model("llama-3-70b")
+    assert row[1].strip("`") == str(getattr(m8, key)) and row[2].strip("`") == str(getattr(m70, key))
+
+
+@pytest.mark.parametrize("key", HOST_KEYS)
+def test_docs_give_every_host_key_with_its_value_and_source(key):
+    (row,) = _doc_rows(key, "Host keys")
+    value = getattr(load_host(), key)
+    assert row[1].strip("`") == value if isinstance(value, str) else float(row[1]) == value
+    if key != "name":
+        assert re.search(r"published|measured|assumption", row[3]), row
+
+
+def test_docs_give_every_device_key():
+    from kbwork.model.device import DEVICE_KEYS, DEVICE_V1_KEYS
+
+    for key in DEVICE_KEYS:
+        (row,) = _doc_rows(key, "Device keys")
+        assert row[1] == str(DEVICE_V1_KEYS[key])

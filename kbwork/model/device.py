@@ -140,9 +140,10 @@ def task_topology(device: Device) -> Topology:
     if math.isinf(ch) or ch >= pe.dma_channels * pe.dma_bytes_per_cycle:
         return pe  # the channel never binds: every transfer runs at its DMA unit's rate
     if pe.dma_channels > 1:
+        need = pe.dma_channels * pe.dma_bytes_per_cycle
         raise ValidationError(f"shared channels are not modelled yet: {pe.dma_channels} DMA units of "
                               f"{pe.dma_bytes_per_cycle} B/cycle share a channel of {ch:g} B/cycle; use "
-                              f"dma_channels=1 or channel_bytes_per_cycle >= {pe.dma_channels * pe.dma_bytes_per_cycle}.")
+                              f"dma_channels=1 or channel_bytes_per_cycle >= {need}.")
     if ch != int(ch):
         raise ValidationError(f"channel_bytes_per_cycle={ch:g} is below dma_bytes_per_cycle="
                               f"{pe.dma_bytes_per_cycle} and not a whole number; until the device simulation "
