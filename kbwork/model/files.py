@@ -1,0 +1,327 @@
+"""Model and host files: ``data/models/*.toml`` and ``data/hosts/*.toml`` (DESIGN.md §15).
+
+:func:`load_model` and :func:`load_host` read a file by name or path and
+return a frozen, validated :class:`Model` or :class:`Host`. Every mistake is
+a :class:`~kbwork.errors.ConfigError` that names the key and the file: an
+unknown key (with a "did you mean"), a missing one, a value of the wrong type
+or out of range, a model whose heads are not a multiple of its KV heads.
+Nothing is cached: an edited file is what the next call reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import numbers
+import os
+import stat
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..config import DATA_DIR
+from ..errors import ConfigError
+
+MODELS_DIR = DATA_DIR / "models"
+HOSTS_DIR = DATA_DIR / "hosts"
+DEFAULT_HOST = "h200"
+#: Weights and KV cache are bf16: 2 bytes per element (DESIGN.md §15).
+BYTES_PER_ELEMENT = 2
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _describe(v: Any) -> str:
+    if isinstance(v, str):
+        return f"the string {_short(repr(v))} (write numbers without quotes)"
+    return f"{_short(repr(v))} (a {type(v).__name__})"
+
+
+def _check_keys(given: Mapping[str, Any], known: tuple[str, ...], what: str, where: str) -> None:
+    for key in given:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), list(known), n=3)
+            hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+            raise ConfigError(f"{where}: unknown {what} key {key!r}.{hint} Known keys: {', '.join(known)}.")
+
+
+def _builtin(directory: Path) -> dict[str, Path]:
+    return {p.stem: p.resolve() for p in sorted(directory.glob("*.toml"))} if directory.is_dir() else {}
+
+
+def _resolve(name_or_path: str | os.PathLike[str], directory: Path, what: str) -> Path:
+    """The file a name (``data/<what>s/<name>.toml``) or a path stands for."""
+    if isinstance(name_or_path, str):
+        if not name_or_path:
+            raise ConfigError(f"{what} name is empty; use one of {', '.join(_builtin(directory)) or 'none'} "
+                              f"or a path to a .toml file.")
+        if "\0" in name_or_path:
+            raise ConfigError(f"{what} {_short(repr(name_or_path))} contains a NUL character; no file has that name.")
+        known = _builtin(directory)
+        if name_or_path in known:
+            return known[name_or_path]
+    try:
+        path = Path(name_or_path)
+    except TypeError:
+        raise ConfigError(f"{what} path {name_or_path!r} must be text, not bytes.") from None
+    if path.suffix != ".toml" and not _exists(path):
+        return directory / f"{path}.toml"
+    return path
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:
+        return False
+
+
+def read_toml(path: Path, what: str, directory: Path, name: Any = None) -> dict[str, Any]:
+    """Read one flat TOML file (``what`` is ``"model"`` or ``"host"``; ``name`` as the caller gave it), every
+    failure a ConfigError naming it."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        known = ", ".join(_builtin(directory)) or "none"
+        asked = _short(str(path if name is None else name))
+        raise ConfigError(f"{what} {asked!r} not found (looked for {_short(str(path))}). Known {what}s: {known}; "
+                          f"or pass a path to a .toml file.") from None
+    except OSError as exc:
+        raise ConfigError(f"{_short(str(path))}: cannot read the {what} file: {exc.strerror or exc}.") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"{what} {str(path)!r} is a directory; pass a .toml file.")
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"{what} {str(path)!r} is not a regular file; pass a .toml file.")
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the {what} file: {exc.strerror or exc}.") from None
+    try:
+        doc = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not a UTF-8 text file (byte {exc.start}); TOML files must be UTF-8.") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    for key, value in doc.items():
+        if isinstance(value, dict):
+            raise ConfigError(f"{path}: [{key}] is a section; a {what} file has flat keys only.")
+    return doc
+
+
+# --- models ------------------------------------------------------------------------------------
+MODEL_KEYS = ("name", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab")
+
+
+@dataclass(frozen=True)
+class Model:
+    """The shape of a decoder-only transformer, as one decode step needs it (DESIGN.md §15).
+
+    Attributes:
+        name: the model's name.
+        layers: transformer blocks.
+        hidden: the residual width.
+        heads, kv_heads: query heads and KV heads (GQA: ``heads`` a multiple of ``kv_heads``).
+        head_dim: the width of one head.
+        ffn: the SwiGLU intermediate width (gate and up each hidden -> ffn).
+        vocab: the LM head's output width.
+        source: the file it came from (not part of equality).
+    """
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    source: str = field(default="<given>", compare=False)
+
+    def __post_init__(self) -> None:
+        where = self.source
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError(f"{where}: model key 'name' must be a non-empty string, got {_describe(self.name)}.")
+        for key in MODEL_KEYS[1:]:
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                raise ConfigError(f"{where}: model key {key!r} must be a positive integer, got {_describe(v)}.")
+            if v <= 0:
+                raise ConfigError(f"{where}: model key {key!r} is {v}; it must be a positive integer.")
+            object.__setattr__(self, key, int(v))
+        if self.heads % self.kv_heads:
+            raise ConfigError(f"{where}: model key 'heads' ({self.heads}) is not a multiple of 'kv_heads' "
+                              f"({self.kv_heads}); every KV head serves the same number of query heads (GQA).")
+
+    @property
+    def group(self) -> int:
+        """Query heads per KV head: the G of one decode task."""
+        return self.heads // self.kv_heads
+
+    def kv_bytes(self, context: int) -> int:
+        """Bytes of K and V of one sequence of ``context`` keys in one layer (all KV heads, bf16)."""
+        return 2 * self.kv_heads * int(context) * self.head_dim * BYTES_PER_ELEMENT
+
+    def replace(self, **changes: Any) -> "Model":
+        """A copy with ``changes`` applied (validated like a file).
+
+        Raises:
+            ConfigError: an unknown key or a bad value.
+        """
+        _check_keys(changes, MODEL_KEYS, "model", f"{self.name} (replace)")
+        return dataclasses.replace(self, **changes, source=f"{self.source} (replaced {', '.join(changes)})")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The model keys as a plain dict."""
+        return {k: getattr(self, k) for k in MODEL_KEYS}
+
+    def __repr__(self) -> str:
+        return (f"Model({self.name!r}: {self.layers} layers, hidden {self.hidden}, {self.heads} heads / "
+                f"{self.kv_heads} KV heads x {self.head_dim}, FFN {self.ffn}, vocab {self.vocab})")
+
+
+def load_model(name_or_path: str | os.PathLike[str] | Model = "llama-3-8b") -> Model:
+    """Load a model by name (``data/models/<name>.toml``) or path; a :class:`Model` is returned as is.
+
+    Raises:
+        ConfigError: no such model; the file unreadable or not TOML; a key
+            unknown (with a "did you mean"), missing, of the wrong type or not
+            positive; ``heads`` not a multiple of ``kv_heads``. The message
+            names the key and the file.
+    """
+    if isinstance(name_or_path, Model):
+        return name_or_path
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise ConfigError(f"model must be a name (e.g. 'llama-3-8b'), a path to a .toml file or a Model, got "
+                          f"{_describe(name_or_path)}.")
+    path = _resolve(name_or_path, MODELS_DIR, "model")
+    doc = read_toml(path, "model", MODELS_DIR, name_or_path)
+    where = str(path)
+    _check_keys(doc, MODEL_KEYS, "model", where)
+    missing = [k for k in MODEL_KEYS if k not in doc]
+    if missing:
+        raise ConfigError(f"{where}: model key{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))} "
+                          f"missing; a model file gives every one of {', '.join(MODEL_KEYS)}.")
+    return Model(**doc, source=os.path.abspath(path))
+
+
+# --- hosts -------------------------------------------------------------------------------------
+HOST_KEYS = ("name", "peak_tflops_bf16", "hbm_tb_s", "eta_flops", "eta_bw", "launch_us", "handoff_us")
+#: Host keys that may be 0 (a free launch, an instant hand-off: natural ends of a sweep).
+_HOST_MAY_BE_ZERO = ("launch_us", "handoff_us")
+#: Efficiencies are fractions of a peak.
+_HOST_FRACTIONS = ("eta_flops", "eta_bw")
+
+
+@dataclass(frozen=True)
+class Host:
+    """The GPU beside the device: its GEMM roofline and the hand-off to the device (DESIGN.md §15).
+
+    Attributes:
+        name: the host's name.
+        peak_tflops_bf16: dense bf16 peak, TFLOP/s.
+        hbm_tb_s: HBM peak bandwidth, TB/s.
+        eta_flops, eta_bw: the fractions of those peaks a GEMM sustains.
+        launch_us: the cost of one kernel launch, added to every GEMM (and host attention).
+        handoff_us: host <-> device latency, once each way per layer (placement ``"ahbm"``).
+        source: where the values came from (not part of equality).
+    """
+
+    name: str
+    peak_tflops_bf16: float
+    hbm_tb_s: float
+    eta_flops: float
+    eta_bw: float
+    launch_us: float
+    handoff_us: float
+    source: str = field(default="<given>", compare=False)
+
+    def __post_init__(self) -> None:
+        where = self.source
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError(f"{where}: host key 'name' must be a non-empty string, got {_describe(self.name)}.")
+        for key in HOST_KEYS[1:]:
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
+                raise ConfigError(f"{where}: host key {key!r} must be a finite number, got {_describe(v)}.")
+            v = float(v)
+            if v < 0 or (v == 0 and key not in _HOST_MAY_BE_ZERO):
+                need = "non-negative" if key in _HOST_MAY_BE_ZERO else "positive"
+                raise ConfigError(f"{where}: host key {key!r} is {v!r}; it must be {need}.")
+            if key in _HOST_FRACTIONS and v > 1:
+                raise ConfigError(f"{where}: host key {key!r} is {v!r}; it is a fraction of peak, at most 1.")
+            object.__setattr__(self, key, v)
+
+    @property
+    def peak_flops(self) -> float:
+        """Peak bf16 FLOP/s."""
+        return self.peak_tflops_bf16 * 1e12
+
+    @property
+    def hbm_bytes_per_s(self) -> float:
+        """Peak HBM bytes per second."""
+        return self.hbm_tb_s * 1e12
+
+    @property
+    def launch_s(self) -> float:
+        """One kernel launch, seconds."""
+        return self.launch_us * 1e-6
+
+    @property
+    def handoff_s(self) -> float:
+        """One hand-off, seconds."""
+        return self.handoff_us * 1e-6
+
+    def replace(self, **changes: Any) -> "Host":
+        """A copy with ``changes`` applied (validated like a file).
+
+        Raises:
+            ConfigError: an unknown key (with a "did you mean") or a bad value.
+        """
+        _check_keys(changes, HOST_KEYS, "host", f"host {self.name!r} (override)")
+        return dataclasses.replace(self, **changes, source=f"{self.source} with {', '.join(changes)} overridden")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The host keys as a plain dict."""
+        return {k: getattr(self, k) for k in HOST_KEYS}
+
+    def __repr__(self) -> str:
+        return (f"Host({self.name!r}: {self.peak_tflops_bf16:g} TFLOP/s bf16 x {self.eta_flops:g}, "
+                f"{self.hbm_tb_s:g} TB/s x {self.eta_bw:g}, launch {self.launch_us:g} us, "
+                f"handoff {self.handoff_us:g} us)")
+
+
+def load_host(name_or_mapping: str | os.PathLike[str] | Mapping[str, Any] | Host | None = None) -> Host:
+    """Load a host: a name (``data/hosts/<name>.toml``), a path, a :class:`Host`, or a mapping of host keys
+    applied over ``h200``'s (``{"handoff_us": 5}``); ``None`` is ``h200``.
+
+    Raises:
+        ConfigError: no such host; the file unreadable or not TOML; a key
+            unknown (with a "did you mean"), missing from a file, not a finite
+            number, negative (zero is allowed for ``launch_us`` and
+            ``handoff_us`` only) or, for the two efficiencies, above 1. The
+            message names the key and the file.
+    """
+    if isinstance(name_or_mapping, Host):
+        return name_or_mapping
+    if name_or_mapping is None:
+        name_or_mapping = DEFAULT_HOST
+    if isinstance(name_or_mapping, Mapping):
+        base = load_host(DEFAULT_HOST)
+        return base.replace(**dict(name_or_mapping)) if name_or_mapping else base
+    if not isinstance(name_or_mapping, (str, os.PathLike)):
+        raise ConfigError(f"host must be a name (e.g. 'h200'), a path to a .toml file, a mapping of host keys or "
+                          f"a Host, got {_describe(name_or_mapping)}.")
+    path = _resolve(name_or_mapping, HOSTS_DIR, "host")
+    doc = read_toml(path, "host", HOSTS_DIR, name_or_mapping)
+    where = str(path)
+    _check_keys(doc, HOST_KEYS, "host", where)
+    missing = [k for k in HOST_KEYS if k not in doc]
+    if missing:
+        raise ConfigError(f"{where}: host key{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))} "
+                          f"missing; a host file gives every one of {', '.join(HOST_KEYS)}.")
+    return Host(**doc, source=os.path.abspath(path))

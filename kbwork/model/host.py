@@ -1,0 +1,168 @@
+"""The host side of a decode step: one GEMM's roofline, a layer's GEMMs, and the GPU-only attention.
+
+Every formula is DESIGN.md §15's:
+
+* a GEMM of ``B`` rows from ``n_in`` to ``n_out`` takes
+  ``max(2·B·n_in·n_out / (peak_flops·eta_flops),
+  (n_in·n_out + B·(n_in + n_out))·2 bytes / (hbm_bytes_per_s·eta_bw)) + launch_s``,
+  and it is bound by the side that is larger ("host flops" or "host bandwidth"; a tie is bandwidth);
+* per layer: QKV (hidden -> (heads + 2·kv_heads)·head_dim), O (heads·head_dim -> hidden),
+  FFN up (hidden -> 2·ffn, gate and up fused), FFN down (ffn -> hidden); once per step the LM head
+  (hidden -> vocab);
+* attention on the host (``placement="host"``), per layer:
+  ``KV bytes / (hbm_bytes_per_s · eta_attn) + launch_s``, with eta_attn interpolated in log2(context)
+  between the measured H200 points of ``data/measured/h200_decode_attention_bandwidth.csv``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from ..errors import ValidationError
+from .files import BYTES_PER_ELEMENT, Host, Model
+
+HOST_FLOPS = "host flops"
+HOST_BANDWIDTH = "host bandwidth"
+
+#: The measured table behind eta_attn (``data/measured/``, provenance in its README).
+ATTENTION_TABLE = "h200_decode_attention_bandwidth"
+#: The peak the table's fractions are taken of: the H200's 4.8 TB/s, at which it was measured
+#: (its column ``fraction_of_4800_gb_per_s``). eta_attn is that fraction, so a host with another
+#: ``hbm_tb_s`` keeps the H200's efficiency, not its absolute bandwidth.
+MEASURED_PEAK_TB_S = 4.8
+
+#: The phases of one layer on the host, in order, and their GEMM shapes (see :func:`layer_gemms`).
+LAYER_GEMMS = ("QKV", "O", "FFN up", "FFN down")
+LM_HEAD = "LM head"
+
+
+@dataclass(frozen=True, slots=True)
+class Gemm:
+    """One GEMM on the host, timed by the roofline.
+
+    Attributes:
+        name: the phase it is (``"QKV"``, ``"O"``, ``"FFN up"``, ``"FFN down"``, ``"LM head"``).
+        rows, n_in, n_out: the activation rows (the batch, or a half of it) and the weight's shape.
+        flops_s: ``2·rows·n_in·n_out / (peak_flops·eta_flops)``.
+        bytes_s: ``(n_in·n_out + rows·(n_in + n_out))·2 / (hbm_bytes_per_s·eta_bw)``.
+        launch_s: the launch added on top.
+        seconds: ``max(flops_s, bytes_s) + launch_s``.
+        bound: ``"host flops"`` when ``flops_s > bytes_s``, else ``"host bandwidth"``.
+    """
+
+    name: str
+    rows: int
+    n_in: int
+    n_out: int
+    flops_s: float
+    bytes_s: float
+    launch_s: float
+    seconds: float
+    bound: str
+
+
+def gemm(host: Host, rows: int, n_in: int, n_out: int, name: str = "gemm") -> Gemm:
+    """The roofline of one bf16 GEMM of ``rows`` rows, ``n_in -> n_out``, on ``host``.
+
+    Raises:
+        ValidationError: a size that is not a positive int.
+    """
+    for what, v in (("rows", rows), ("n_in", n_in), ("n_out", n_out)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
+            raise ValidationError(f"host GEMM {name!r}: {what} must be a positive int, got {v!r}.")
+    rows, n_in, n_out = int(rows), int(n_in), int(n_out)
+    flops_s = 2 * rows * n_in * n_out / (host.peak_flops * host.eta_flops)
+    bytes_s = (n_in * n_out + rows * (n_in + n_out)) * BYTES_PER_ELEMENT / (host.hbm_bytes_per_s * host.eta_bw)
+    bound = HOST_FLOPS if flops_s > bytes_s else HOST_BANDWIDTH
+    return Gemm(name, rows, n_in, n_out, flops_s, bytes_s, host.launch_s, max(flops_s, bytes_s) + host.launch_s,
+                bound)
+
+
+def layer_shapes(model: Model) -> dict[str, tuple[int, int]]:
+    """``phase -> (n_in, n_out)`` of one layer's GEMMs and the LM head."""
+    return {
+        "QKV": (model.hidden, (model.heads + 2 * model.kv_heads) * model.head_dim),
+        "O": (model.heads * model.head_dim, model.hidden),
+        "FFN up": (model.hidden, 2 * model.ffn),
+        "FFN down": (model.ffn, model.hidden),
+        LM_HEAD: (model.hidden, model.vocab),
+    }
+
+
+def layer_gemms(model: Model, host: Host, rows: int) -> dict[str, Gemm]:
+    """One layer's four GEMMs (QKV, O, FFN up, FFN down) at ``rows`` rows, in that order."""
+    shapes = layer_shapes(model)
+    return {name: gemm(host, rows, *shapes[name], name=name) for name in LAYER_GEMMS}
+
+
+def lm_head(model: Model, host: Host, rows: int) -> Gemm:
+    """The LM head (hidden -> vocab) at ``rows`` rows: once per step."""
+    return gemm(host, rows, *layer_shapes(model)[LM_HEAD], name=LM_HEAD)
+
+
+def weight_bytes(model: Model) -> tuple[int, int]:
+    """Bytes of one layer's weights and of the LM head's (bf16): what each step streams from host HBM."""
+    shapes = layer_shapes(model)
+    per_layer = sum(shapes[n][0] * shapes[n][1] for n in LAYER_GEMMS) * BYTES_PER_ELEMENT
+    return per_layer, shapes[LM_HEAD][0] * shapes[LM_HEAD][1] * BYTES_PER_ELEMENT
+
+
+# --- attention on the host ---------------------------------------------------------------------
+def measured_attention() -> pd.DataFrame:
+    """The measured H200 decode-attention points: ``context, batch, kv_heads, group, head_dim, seconds,
+    kv_bytes, gb_per_s, eta`` (eta = gb_per_s / (1000 · 4.8), the fraction of the H200's peak).
+
+    Raises:
+        ValidationError: the table is missing or disagrees with itself (its kv_bytes, gb_per_s or fraction
+            column not what its other columns say).
+    """
+    from ..calibration import load_measured
+
+    t = load_measured(ATTENTION_TABLE).sort_values("context", kind="stable").reset_index(drop=True)
+    kv = 2 * t["batch"] * t["kv_heads"] * t["context"] * t["head_dim"] * BYTES_PER_ELEMENT
+    if not (kv == t["kv_bytes"]).all():
+        raise ValidationError(f"{ATTENTION_TABLE}.csv: kv_bytes is not 2 x batch x kv_heads x context x head_dim x 2.")
+    if not np.allclose(t["kv_bytes"] / t["seconds"] / 1e9, t["gb_per_s"], rtol=1e-3):
+        raise ValidationError(f"{ATTENTION_TABLE}.csv: gb_per_s is not kv_bytes / seconds.")
+    t["eta"] = t["gb_per_s"] / (1000 * MEASURED_PEAK_TB_S)
+    if not np.allclose(t["eta"], t["fraction_of_4800_gb_per_s"], atol=1e-4):
+        raise ValidationError(f"{ATTENTION_TABLE}.csv: fraction_of_4800_gb_per_s is not gb_per_s / 4800.")
+    return t
+
+
+def eta_attention(context: float, table: pd.DataFrame | None = None) -> float:
+    """eta_attn at ``context``: linear in log2(context) between the measured points, clamped outside them."""
+    t = measured_attention() if table is None else table
+    return float(np.interp(math.log2(context), np.log2(t["context"].to_numpy(float)), t["eta"].to_numpy(float)))
+
+
+@dataclass(frozen=True, slots=True)
+class HostAttention:
+    """One layer's attention on the host (``placement="host"``).
+
+    Attributes:
+        kv_bytes: K and V of every sequence, unpadded (Σ 2·kv_heads·context·head_dim·2).
+        mean_context: the arithmetic mean of the contexts, where eta is taken.
+        eta: eta_attn at ``mean_context``.
+        launch_s: the kernel's launch.
+        seconds: ``kv_bytes / (hbm_bytes_per_s · eta) + launch_s``.
+    """
+
+    kv_bytes: int
+    mean_context: float
+    eta: float
+    launch_s: float
+    seconds: float
+
+
+def host_attention(model: Model, host: Host, contexts: Sequence[int]) -> HostAttention:
+    """One layer's decode attention over ``contexts`` (as given, unpadded) on ``host``."""
+    kv = sum(model.kv_bytes(c) for c in contexts)
+    mean = sum(contexts) / len(contexts)
+    eta = eta_attention(mean)
+    return HostAttention(kv, mean, eta, host.launch_s, kv / (host.hbm_bytes_per_s * eta) + host.launch_s)

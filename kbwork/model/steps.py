@@ -1,0 +1,427 @@
+"""One decode step of a model: :func:`step`, :class:`Step` and :func:`compare` (DESIGN.md §15).
+
+>>> from kbwork import model
+>>> s = model.step("llama-3-70b", [32768] * 16)                  # opt2 on the AHBM device, serial
+>>> s.tokens_per_s, s.bound
+>>> s.breakdown                                                  # per phase: us per layer and per step
+>>> model.compare("llama-3-8b", [8192] * 16, schedule="ping_pong")   # variants x placements
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from ..errors import ValidationError
+from .device import DEVICE_V1, Device, _attention, load_device, task_kv_bytes
+from .files import Host, Model, load_host, load_model
+from .host import HOST_BANDWIDTH, HOST_FLOPS, LAYER_GEMMS, LM_HEAD, Gemm, HostAttention, host_attention, \
+    layer_gemms, lm_head
+from .schedule import HALVES, SCHEDULES, HalfCosts, chain_jobs, list_schedule, serial_seconds
+from .tasks import Padding, Task, assign_tasks
+
+PLACEMENTS = ("ahbm", "host")
+AHBM = "ahbm"
+HANDOFF = "handoff"
+#: What can bound a step, in the order ties are broken.
+BOUND_KINDS = (AHBM, HOST_BANDWIDTH, HOST_FLOPS, HANDOFF)
+#: The ``variant`` of a host-placement row of :func:`compare`: no PE variant runs.
+NO_VARIANT = "-"
+#: The variants :func:`compare`, :func:`kbwork.model.sweep` and ``kbwork step`` run by default.
+DEFAULT_VARIANTS = ("opt2", "opt3", "a1")
+BREAKDOWN_COLUMNS = ["phase", "resource", "bound", "per_layer_us", "per_step_us"]
+
+
+# --- argument checks ---------------------------------------------------------------------------
+def _check_choice(what: str, value: Any, choices: Sequence[str], where: str) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise ValidationError(f"{where}: {what} {value!r} is unknown; use one of {', '.join(map(repr, choices))}.")
+    return value
+
+
+def _check_variant(variant: Any, where: str) -> str:
+    from ..kernels.gqa_decode import VARIANTS
+
+    return _check_choice("decode variant", variant, tuple(VARIANTS), where)
+
+
+def _check_tile(tile: Any, where: str) -> int:
+    if isinstance(tile, (bool, np.bool_)) or not isinstance(tile, numbers.Integral) or tile <= 0:
+        raise ValidationError(f"{where}: tile must be a positive int (the decode tile and the padding unit), "
+                              f"got {tile!r} ({type(tile).__name__}); e.g. tile=128.")
+    return int(tile)
+
+
+def check_contexts(contexts: Any, tile: int, where: str = "model.step") -> tuple[int, ...]:
+    """``contexts`` as a tuple of ints, or a ValidationError naming the bad entry and the fix."""
+    from ..decode import MAX_TILES
+
+    if isinstance(contexts, np.ndarray) and contexts.ndim != 1:
+        raise ValidationError(f"{where}: contexts must be one-dimensional (one KV length per sequence), got an "
+                              f"array of shape {contexts.shape}.")
+    if isinstance(contexts, (str, bytes)) or not isinstance(contexts, (list, tuple, range, np.ndarray)):
+        raise ValidationError(f"{where}: contexts must be a list of KV lengths, one per sequence of the batch "
+                              f"(e.g. [8192] * 16 for a batch of 16 at 8k), got {contexts!r} "
+                              f"({type(contexts).__name__}).")
+    if len(contexts) == 0:
+        raise ValidationError(f"{where}: contexts is empty; give one KV length per sequence (e.g. [8192]).")
+    out = []
+    for i, c in enumerate(contexts):
+        if isinstance(c, (bool, np.bool_)) or not isinstance(c, numbers.Integral):
+            raise ValidationError(f"{where}: contexts[{i}] is {c!r} ({type(c).__name__}); every context is a "
+                                  f"positive int (the KV length, the new token included).")
+        if c <= 0:
+            raise ValidationError(f"{where}: contexts[{i}] is {c}; every context is a positive int (the KV length, "
+                                  f"the new token included).")
+        if -(-int(c) // tile) > MAX_TILES:
+            raise ValidationError(f"{where}: contexts[{i}] = {c} is {-(-int(c) // tile)} tiles of {tile}; a decode "
+                                  f"task simulates at most {MAX_TILES}. Use a larger tile or a shorter context.")
+        out.append(int(c))
+    return tuple(out)
+
+
+# --- records -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class AttentionRun:
+    """One device run of a layer's attention (the whole batch, or one half under ping-pong).
+
+    Attributes:
+        half: ``""`` (the whole batch), ``"A"`` or ``"B"``.
+        tasks: its tasks, mapped from PE 0.
+        cycles: the layer's attention, PE cycles (the busiest PE's).
+        per_pe_cycles: each PE's cycles (0 for an idle PE).
+        seconds: ``cycles`` at the PE clock.
+        channel_bound_cycles: the busiest channel's KV bytes / ``channel_bytes_per_cycle`` (0 when the
+            channel is unconstrained): no run can be shorter.
+    """
+
+    half: str
+    tasks: tuple[Task, ...]
+    cycles: int
+    per_pe_cycles: tuple[int, ...]
+    seconds: float
+    channel_bound_cycles: float
+
+    @property
+    def busiest_pe(self) -> int:
+        """The PE that sets ``cycles`` (the lowest-numbered one on a tie)."""
+        return int(np.argmax(self.per_pe_cycles))
+
+
+def _channel_bound(tasks: Sequence[Task], device: Device, head_dim: int) -> float:
+    if math.isinf(device.channel_bytes_per_cycle):
+        return 0.0
+    per_channel: dict[int, int] = {}
+    for t in tasks:
+        c = device.home_channel(t.pe)
+        per_channel[c] = per_channel.get(c, 0) + task_kv_bytes(t, head_dim)
+    return max(per_channel.values(), default=0) / device.channel_bytes_per_cycle
+
+
+@dataclass(frozen=True)
+class _Half:
+    """What one half (or the whole batch) costs: its GEMMs, its LM head and its attention."""
+
+    name: str
+    rows: int
+    gemms: dict[str, Gemm]
+    lm_head: Gemm
+    attention_s: float
+    attention: AttentionRun | None
+    host_attention: HostAttention | None
+
+
+class Step:
+    """One decode step of a model (what :func:`step` returns).
+
+    Attributes:
+        model, host, device: the :class:`Model`, :class:`Host` and :class:`Device`.
+        contexts: one KV length per sequence; ``batch`` their count.
+        variant, placement, schedule, tile: as run (the host placement is always serial).
+        seconds: the step; ``tokens_per_s`` = batch / seconds.
+        breakdown: per phase (QKV, handoff, attention, O, FFN up, FFN down, LM head; under ping-pong also
+            ``overlap``, the time the overlap hides, negative) its resource, what binds it, the time per
+            layer and per step in µs; ``per_step_us`` adds up to the step.
+        shares: seconds per step of each thing that can bound it (host flops, host bandwidth, ahbm,
+            handoff: the GEMMs by the side of their roofline that binds, the attention, the hand-offs).
+        bound_kind: the largest share; ``bound`` says it in words, with the attention's own bound when it
+            is ``"ahbm"``.
+        padding: the keys padded to the tile (:class:`Padding`).
+        tasks: the decode tasks of one layer (under ping-pong half A's, then half B's, each mapped from
+            PE 0).
+        attention_runs: one :class:`AttentionRun` per device run of a layer (one, or one per half).
+        attention_cycles: PE cycles of one layer's attention (summed over the halves under ping-pong);
+            ``None`` for the host placement.
+        host_attention: the host placement's :class:`HostAttention` per layer, else ``None``.
+        timeline: the schedule, one row per task: ``task, half, layer, phase, resource, start, end`` (µs).
+        decode_runs: the timing-mode ``DecodeRun`` of every distinct task (by padded context).
+        notes: what the step did that was not asked for in so many words.
+    """
+
+    def __init__(self, *, model: Model, host: Host, device: Device, contexts: tuple[int, ...], variant: str,
+                 placement: str, schedule: str, tile: int, halves: list[_Half], timeline: pd.DataFrame,
+                 seconds: float, decode_runs: dict, notes: tuple[str, ...]):
+        self.model, self.host, self.device, self.contexts = model, host, device, contexts
+        self.batch = len(contexts)
+        self.variant, self.placement, self.schedule, self.tile = variant, placement, schedule, tile
+        self._halves = halves
+        self.timeline = timeline
+        self.seconds = seconds
+        self.tokens_per_s = self.batch / seconds
+        self.decode_runs = decode_runs
+        self.notes = notes
+        self.padding = Padding.of(contexts, tile)
+        self.attention_runs = tuple(h.attention for h in halves if h.attention is not None)
+        self.tasks = tuple(t for r in self.attention_runs for t in r.tasks)
+        self.attention_cycles = sum(r.cycles for r in self.attention_runs) if self.attention_runs else None
+        self.host_attention = halves[0].host_attention
+        self.breakdown = self._breakdown()
+        self.shares = self._shares()
+        self.bound_kind = max(BOUND_KINDS, key=lambda k: (self.shares[k], -BOUND_KINDS.index(k)))
+        self._bound: str | None = None
+
+    # --- the accounting -----------------------------------------------------------------------
+    def _breakdown(self) -> pd.DataFrame:
+        layers, hs = self.model.layers, self._halves
+        rows = []
+
+        def add(phase: str, resource: str, bound: str, per_layer_s: float | None, per_step_s: float) -> None:
+            rows.append((phase, resource, bound, None if per_layer_s is None else per_layer_s * 1e6,
+                         per_step_s * 1e6))
+
+        def gemm_row(name: str) -> None:
+            gs = [h.gemms[name] for h in hs]
+            s = sum(g.seconds for g in gs)
+            add(name, "host", _one_bound(gs), s, layers * s)
+
+        gemm_row("QKV")
+        if self.placement == AHBM:
+            s = len(hs) * 2 * self.host.handoff_s
+            add(HANDOFF, "", HANDOFF, s, layers * s)
+            s = sum(h.attention_s for h in hs)
+            add("attention", "device", AHBM, s, layers * s)
+        else:
+            s = hs[0].attention_s
+            add("attention", "host", HOST_BANDWIDTH, s, layers * s)
+        for name in LAYER_GEMMS[1:]:
+            gemm_row(name)
+        lm = [h.lm_head for h in hs]
+        add(LM_HEAD, "host", _one_bound(lm), None, sum(g.seconds for g in lm))
+        df = pd.DataFrame(rows, columns=BREAKDOWN_COLUMNS)
+        if len(hs) > 1:
+            hidden = self.seconds * 1e6 - df["per_step_us"].sum()
+            df.loc[len(df)] = ("overlap", "", "", None, hidden)
+        return df
+
+    def _shares(self) -> dict[str, float]:
+        layers = self.model.layers
+        shares = dict.fromkeys(BOUND_KINDS, 0.0)
+        for h in self._halves:
+            for g in h.gemms.values():
+                shares[g.bound] += layers * g.seconds
+            shares[h.lm_head.bound] += h.lm_head.seconds
+            if self.placement == AHBM:
+                shares[AHBM] += layers * h.attention_s
+                shares[HANDOFF] += layers * 2 * self.host.handoff_s
+            else:
+                shares[HOST_BANDWIDTH] += layers * h.attention_s  # streaming the KV cache
+        return shares
+
+    @property
+    def bound(self) -> str:
+        """What bounds the step: the largest of :attr:`shares`; for ``"ahbm"`` with the bound of the
+        busiest PE's longest task (``kbwork explain``'s, of that task's run)."""
+        if self._bound is None:
+            self._bound = self.bound_kind
+            if self.bound_kind == AHBM and self.attention_runs:
+                from .. import analysis
+
+                run = max(self.attention_runs, key=lambda r: r.cycles)
+                pe = run.busiest_pe
+                mine = [t for t in run.tasks if t.pe == pe]
+                longest = max(mine, key=lambda t: t.padded_context)
+                key = (self.variant, longest.padded_context, self.model.group, self.model.head_dim, self.tile)
+                short = analysis.explain(self.decode_runs[key]).short
+                runs = (f"runs {len(mine)} tasks back to back; the longest ({longest.padded_context} keys) is"
+                        if len(mine) > 1 else f"runs 1 task ({longest.padded_context} keys),")
+                self._bound = f"ahbm: busiest PE {pe} {runs} {short}"
+        return self._bound
+
+    @property
+    def shares_frame(self) -> pd.DataFrame:
+        """:attr:`shares` as a DataFrame: ``what, per_step_us, fraction`` (of the step)."""
+        return pd.DataFrame([(k, v * 1e6, v / self.seconds) for k, v in self.shares.items()],
+                            columns=["what", "per_step_us", "fraction"])
+
+    def to_dict(self) -> dict[str, Any]:
+        """The step as plain JSON-serialisable values (what ``kbwork step --json`` prints per case)."""
+        def clean(v: Any) -> Any:
+            if isinstance(v, (float, np.floating)):
+                return None if not math.isfinite(v) else float(v)
+            if isinstance(v, np.integer):
+                return int(v)
+            return v
+
+        return {
+            "model": self.model.name, "batch": self.batch, "contexts": list(self.contexts),
+            "variant": self.variant if self.placement == AHBM else NO_VARIANT, "placement": self.placement,
+            "schedule": self.schedule, "tile": self.tile, "seconds": self.seconds, "tokens_per_s": self.tokens_per_s,
+            "breakdown": [{k: clean(v) for k, v in r.items()} for r in self.breakdown.to_dict(orient="records")],
+            "bound": self.bound, "bound_kind": self.bound_kind,
+            "shares_us": {k: v * 1e6 for k, v in self.shares.items()},
+            "attention_cycles": self.attention_cycles, "padding": self.padding.total,
+            "host": self.host.to_dict(),
+            "device": {k: clean(v) for k, v in self.device.to_dict().items()} if self.placement == AHBM else None,
+            "notes": list(self.notes),
+        }
+
+    def __repr__(self) -> str:
+        ctx = (f"context {self.contexts[0]}" if len(set(self.contexts)) == 1 else
+               f"contexts {min(self.contexts)}-{max(self.contexts)}")
+        what = f"{self.variant} on ahbm" if self.placement == AHBM else "attention on the host"
+        return (f"Step({self.model.name}, batch {self.batch}, {ctx}, {what}, {self.schedule}: "
+                f"{self.seconds * 1e3:.3f} ms, {self.tokens_per_s:.1f} tokens/s; bound: {self.bound_kind})")
+
+
+def _one_bound(gemms: Sequence[Gemm]) -> str:
+    bounds = {g.bound for g in gemms}
+    return bounds.pop() if len(bounds) == 1 else "mixed"
+
+
+# --- the step ----------------------------------------------------------------------------------
+def step(model: str | Model, contexts: Sequence[int], *, variant: str = "opt2", device: Any = DEVICE_V1,
+         host: Any = "h200", placement: str = "ahbm", schedule: str = "serial", tile: int = 128,
+         **overrides: Any) -> Step:
+    """One decode step of ``model`` over a batch of ``contexts`` (DESIGN.md §15), timing mode.
+
+    Args:
+        model: a model name (``"llama-3-8b"``, ``"llama-3-70b"``), a path to a model TOML, or a Model.
+        contexts: one KV length per sequence (the new token included); each is padded to ``tile`` on the
+            device.
+        variant: the decode variant every task runs (placement ``"ahbm"``).
+        device: ``"ahbm-device-v1"``, a topology name or path, a Topology, or a Device.
+        host: a host name or path, a mapping of host keys over ``h200``'s, or a Host.
+        placement: ``"ahbm"`` (attention on the device) or ``"host"`` (the GPU alone).
+        schedule: ``"serial"`` or ``"ping_pong"`` (placement ``"ahbm"``; the host placement is serial).
+        tile: the decode tile, also the padding unit.
+        **overrides: device keys (``pes``, ``hbm_channels``, ``channel_bytes_per_cycle``) and topology keys
+            (``fixed_cycles``, ``hazard_policy``, ...).
+
+    Returns:
+        A :class:`Step`.
+
+    Raises:
+        ValidationError: bad contexts, variant, placement, schedule or tile; shared channels (more PEs
+            than channels), which are not modelled yet.
+        ConfigError: a bad model, host, device or key.
+    """
+    where = "model.step"
+    m = load_model(model)
+    h = load_host(host)
+    variant = _check_variant(variant, where)
+    placement = _check_choice("placement", placement, PLACEMENTS, where)
+    schedule = _check_choice("schedule", schedule, SCHEDULES, where)
+    tile = _check_tile(tile, where)
+    ctx = check_contexts(contexts, tile, where)
+    dev = load_device(device, **overrides)
+    notes: list[str] = []
+    decode_runs: dict = {}
+    halves: list[_Half] = []
+    if placement == "host":
+        if schedule != "serial":
+            notes.append(f"schedule={schedule!r} applies to placement='ahbm'; the host placement is serial.")
+            schedule = "serial"
+        ha = host_attention(m, h, ctx)
+        halves.append(_Half("", len(ctx), layer_gemms(m, h, len(ctx)), lm_head(m, h, len(ctx)), ha.seconds, None,
+                            ha))
+        costs = [_costs(halves[0], "host", 0.0)]
+    else:
+        if schedule == "ping_pong" and len(ctx) == 1:
+            notes.append("one sequence: half B is empty, so ping-pong is the serial schedule.")
+        split = -(-len(ctx) // 2)
+        parts = [(HALVES[0], 0, ctx[:split]), (HALVES[1], split, ctx[split:])] if schedule == "ping_pong" else \
+            [("", 0, ctx)]
+        for name, first, part in parts:
+            if not part:
+                continue
+            tasks = assign_tasks(part, kv_heads=m.kv_heads, pes=dev.pes, tile=tile, first_sequence=first)
+            cycles, per_pe = _attention(tasks, dev, variant, tile, group=m.group, head_dim=m.head_dim,
+                                        runs=decode_runs)
+            run = AttentionRun(name, tasks, cycles, per_pe, cycles / dev.clock_hz,
+                               _channel_bound(tasks, dev, m.head_dim))
+            halves.append(_Half(name, len(part), layer_gemms(m, h, len(part)), lm_head(m, h, len(part)),
+                                run.seconds, run, None))
+        costs = [_costs(x, "device", h.handoff_s) for x in halves]
+    timeline = list_schedule(chain_jobs(m.layers, costs))
+    seconds = serial_seconds(m.layers, costs[0]) if len(costs) == 1 else float(timeline["end"].max())
+    timeline[["start", "end"]] *= 1e6
+    return Step(model=m, host=h, device=dev, contexts=ctx, variant=variant, placement=placement, schedule=schedule,
+                tile=tile, halves=halves, timeline=timeline, seconds=seconds,
+                decode_runs=decode_runs, notes=tuple(notes))
+
+
+def _costs(half: _Half, resource: str, handoff: float) -> HalfCosts:
+    g = half.gemms
+    return HalfCosts(qkv=g["QKV"].seconds, attention=half.attention_s,
+                     o_ffn=g["O"].seconds + g["FFN up"].seconds + g["FFN down"].seconds,
+                     lm_head=half.lm_head.seconds, attention_resource=resource, handoff=handoff)
+
+
+# --- variants x placements ---------------------------------------------------------------------
+COMPARE_COLUMNS = ["variant", "placement", "schedule", "seconds", "tokens_per_s", "attention_us_per_layer",
+                   "bound_kind", "bound"]
+
+
+def cases(variants: Sequence[str], placements: Sequence[str], where: str) -> list[tuple[str, str]]:
+    """The (variant, placement) pairs a comparison runs: every variant on the device, the host once."""
+    if isinstance(variants, str) or not isinstance(variants, (list, tuple)) or not variants:
+        raise ValidationError(f"{where}: variants must be a non-empty list or tuple of decode variants such as "
+                              f"('opt2', 'opt3', 'a1'), got {variants!r}.")
+    if isinstance(placements, str) or not isinstance(placements, (list, tuple)) or not placements:
+        raise ValidationError(f"{where}: placements must be a non-empty list or tuple of {PLACEMENTS}, got "
+                              f"{placements!r}.")
+    for v in variants:
+        _check_variant(v, where)
+    for p in placements:
+        _check_choice("placement", p, PLACEMENTS, where)
+    if len(set(variants)) != len(variants) or len(set(placements)) != len(placements):
+        raise ValidationError(f"{where}: a variant or placement is named twice ({tuple(variants)}, "
+                              f"{tuple(placements)}).")
+    out: list[tuple[str, str]] = []
+    for p in placements:
+        out += [(v, p) for v in variants] if p == AHBM else [(variants[0], p)]
+    return out
+
+
+def compare_row(s: Step) -> dict[str, Any]:
+    """One row of :func:`compare` for step ``s``."""
+    attn = (s.attention_cycles / s.device.clock_hz if s.placement == AHBM else s.host_attention.seconds) * 1e6
+    return {"variant": s.variant if s.placement == AHBM else NO_VARIANT, "placement": s.placement,
+            "schedule": s.schedule, "seconds": s.seconds, "tokens_per_s": s.tokens_per_s,
+            "attention_us_per_layer": attn, "bound_kind": s.bound_kind, "bound": s.bound}
+
+
+def compare(model: str | Model, contexts: Sequence[int], *, variants: Sequence[str] = DEFAULT_VARIANTS,
+            placements: Sequence[str] = PLACEMENTS, schedule: str = "serial", device: Any = DEVICE_V1,
+            host: Any = "h200", tile: int = 128, **overrides: Any) -> pd.DataFrame:
+    """Every variant on the device and the host alone, on one batch: a DataFrame, one row per case.
+
+    Columns: ``variant`` (``"-"`` for the host placement, where no PE variant runs), ``placement``,
+    ``schedule``, ``seconds``, ``tokens_per_s``, ``attention_us_per_layer``, ``bound_kind``, ``bound``.
+
+    Raises:
+        The errors of :func:`step`, and a ValidationError for an empty, repeated or unknown variant or
+        placement; all before anything is simulated.
+    """
+    todo = cases(variants, placements, "model.compare")
+    tile = _check_tile(tile, "model.compare")
+    check_contexts(contexts, tile, "model.compare")
+    load_device(device, **dict(overrides))
+    rows = [compare_row(step(model, contexts, variant=v, device=device, host=host, placement=p, schedule=schedule,
+                             tile=tile, **overrides)) for v, p in todo]
+    return pd.DataFrame(rows, columns=COMPARE_COLUMNS)
