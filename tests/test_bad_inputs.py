@@ -260,6 +260,13 @@ DECODE_CASES = [
     pytest.param(_sweep(kv_len=[256], mode="fast"), ValidationError, r"sweep: mode 'fast'", id="sweep-mode"),
     pytest.param(_sweep(kv_len=[256], seqlen=[1]), ValidationError, r"unknown axis seqlen", id="sweep-unknown-axis"),
     pytest.param(_sweep(kv_len=[256], topology=123), ConfigError, r"\(a int\)", id="sweep-topology"),
+    pytest.param(_sweep(kv_len=[256], client="not an address"), ValidationError,
+                 r"client='not an address' is not a Dask scheduler address \(missing port number.*tcp://",
+                 id="sweep-client-not-an-address"),
+    pytest.param(_sweep(kv_len=[256], client="tcp://localhost"), ValidationError,
+                 r"client='tcp://localhost' is not a Dask scheduler address", id="sweep-client-no-port"),
+    pytest.param(_sweep(kv_len=[256], client=3.5), ValidationError, r"client must be a distributed\.Client or a "
+                 r"scheduler address string, got 3\.5", id="sweep-client-float"),
 ]
 
 
@@ -268,6 +275,11 @@ def test_bad_decode_argument(action, exc_type, pattern, monkeypatch):
     # every check happens before anything is simulated
     monkeypatch.setattr(decode.Simulator, "run", lambda *a, **k: pytest.fail("simulated before checking"))
     _raises(action, exc_type, pattern)
+
+
+def test_a_bad_client_is_refused_before_the_out_file_is_written(tmp_path):
+    _raises(_sweep(kv_len=[256], client="not an address", out=tmp_path / "s.csv"), ValidationError, "not a Dask")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_sweep_checks_every_point_before_the_first_runs(monkeypatch):
@@ -288,6 +300,106 @@ def test_good_seeds_and_sizes_still_work():
 def test_to_npz_of_a_timing_run():
     r = decode.run("opt2", kv_len=256, mode="timing")
     _raises(lambda: r.to_npz("x.npz"), ValidationError, r"timing-mode run has no numbers.*mode='data'")
+
+
+# --- resuming a sweep from its file ----------------------------------------------------------------------
+# Each row damages a good sweep file (kv_len 256 and 512, opt2 and opt3: a header and four rows) or its
+# .meta.json record, or resumes it under other settings; the resume must refuse, naming what is wrong,
+# before anything is simulated and without touching the file.
+RESUME_AXES = dict(kv_len=[256, 512])
+
+
+def _line(n, edit):
+    """A mutation of line ``n`` (0 is the header) of the CSV."""
+    def mutate(lines, meta):
+        lines[n] = edit(lines[n])
+        return lines, meta
+    return mutate
+
+
+def _field(n, column, value):
+    def edit(line):
+        fields = line.split(",")
+        fields[["point", "kv_len", "variant", "cycles", "us", "dispatch_per_tile", "dispatch_total", "commands",
+                "stages", "n_tiles"].index(column)] = value
+        return ",".join(fields)
+    return _line(n, edit)
+
+
+def _meta(edit):
+    def mutate(lines, meta):
+        return lines, edit(meta)
+    return mutate
+
+
+def _same(lines, meta):
+    return lines, meta
+
+
+RESUME_CASES = [
+    pytest.param(_field(2, "cycles", "banana"), {}, r"line 3: cycles is 'banana', not a whole number >= 1.*Remove "
+                 r"that line", id="cycles-banana"),
+    pytest.param(_line(3, lambda line: ",".join(line.split(",")[:6])), {}, r"line 4 has 6 fields, not 10",
+                 id="row-cut-to-6-fields"),
+    pytest.param(_field(1, "point", ""), {}, r"line 2: point is '', not a whole number", id="empty-point"),
+    pytest.param(_field(1, "point", "7"), {}, r"line 2: point is '7', not a point index of this sweep \(0 to 1\)",
+                 id="point-out-of-range"),
+    pytest.param(_field(1, "point", "-1"), {}, r"line 2: point is '-1', not a whole number", id="point-negative"),
+    pytest.param(_field(1, "cycles", "-5"), {}, r"line 2: cycles is '-5'", id="cycles-negative"),
+    pytest.param(_field(1, "cycles", "6406.5"), {}, r"line 2: cycles is '6406\.5'", id="cycles-fraction"),
+    pytest.param(_field(1, "us", "nan"), {}, r"line 2: us is 'nan', not cycles 6406 in microseconds", id="us-nan"),
+    pytest.param(_field(1, "us", "9.9"), {}, r"line 2: us is '9\.9'", id="us-not-the-cycles"),
+    pytest.param(_field(1, "kv_len", "512"), {}, r"line 2: kv_len is '512', not point 0's kv_len 256",
+                 id="axis-not-the-point"),
+    pytest.param(_field(1, "variant", "opt9"), {}, r"line 2: variant is 'opt9', not one of this sweep's variants",
+                 id="variant-unknown"),
+    pytest.param(_field(1, "n_tiles", "3"), {}, r"line 2: n_tiles is '3', not point 0's kv_len / tile = 2",
+                 id="n-tiles-wrong"),
+    pytest.param(_line(2, lambda line: line.replace("opt3", "opt2", 1)), {}, r"line 3 repeats point 0's opt2 row of "
+                 r"line 2", id="duplicate-row"),
+    pytest.param(_line(0, lambda line: line.replace("cycles", "cycle")), {}, r"its columns .* are not this sweep's",
+                 id="header-changed"),
+    pytest.param(lambda lines, meta: ([lines[0], b"\xff\xfe" + lines[1].encode(), *lines[2:]], meta), {},
+                 r"it is not UTF-8 text \(byte \d+ is 0x", id="not-utf8"),
+    pytest.param(lambda lines, meta: (lines, None), {}, r"there is no s\.csv\.meta\.json beside it", id="no-record"),
+    pytest.param(lambda lines, meta: (lines, "{not json"), {}, r"its record s\.csv\.meta\.json is not valid JSON",
+                 id="record-not-json"),
+    pytest.param(_meta(lambda m: [m]), {}, r"s\.csv\.meta\.json is not a kbwork sweep record", id="record-a-list"),
+    pytest.param(_meta(lambda m: {**m, "schema": 0}), {}, r"sweep schema 0 .* this kbwork's is 1", id="other-schema"),
+    pytest.param(_same, dict(topology=load_topology(dma_base_cycles=1000)), r"another sweep wrote it .*topology "
+                 r"dma_base_cycles is 200 there, 1000 here", id="other-topology"),
+    pytest.param(_same, dict(mode="data"), r"mode 'timing' there, 'data' here", id="other-mode"),
+    pytest.param(_same, dict(kv_len=[256, 1024]), r"axis 'kv_len' is \[256, 512\] there, \[256, 1024\] here",
+                 id="other-axis-values"),
+    pytest.param(_same, dict(tile=[128]), r"axes \(kv_len\) there, \(kv_len, tile\) here", id="other-axes"),
+    pytest.param(_same, dict(variants=("opt2",)), r"variants opt2, opt3 there, opt2 here \(without opt3",
+                 id="fewer-variants"),
+    pytest.param(_same, dict(attribution=True), r"attribution=False there, True here", id="other-attribution"),
+]
+
+
+@pytest.fixture(scope="module")
+def good_sweep(tmp_path_factory):
+    path = tmp_path_factory.mktemp("sweep") / "s.csv"
+    decode.sweep(out=path, workers=1, progress=False, **RESUME_AXES)
+    return path.read_text(), Path(f"{path}.meta.json").read_text()
+
+
+@pytest.mark.parametrize("mutate,kwargs,pattern", RESUME_CASES)
+def test_a_resume_refuses_a_damaged_or_foreign_file(mutate, kwargs, pattern, good_sweep, tmp_path, monkeypatch):
+    import json
+
+    text, meta_text = good_sweep
+    lines, meta = mutate(text.splitlines(), json.loads(meta_text))
+    path, record = tmp_path / "s.csv", tmp_path / "s.csv.meta.json"
+    path.write_bytes(b"".join((line if isinstance(line, bytes) else line.encode()) + b"\n" for line in lines))
+    if meta is not None:
+        record.write_text(meta if isinstance(meta, str) else json.dumps(meta))
+    before = (path.read_bytes(), record.read_bytes() if record.exists() else None)
+    monkeypatch.setattr(decode, "_sweep_point", lambda task: pytest.fail("simulated before refusing"))
+    _raises(lambda: decode.sweep(out=path, resume=True, workers=1, progress=False, **{**RESUME_AXES, **kwargs}),
+            ValidationError, pattern)
+    assert (path.read_bytes(), record.read_bytes() if record.exists() else None) == before, "the file was changed"
 
 
 # --- the command line ------------------------------------------------------------------------------
@@ -648,6 +760,6 @@ def test_bad_host_data_and_results(action, pattern):
 
 def test_the_tables_hold_at_least_eighty_distinct_mistakes():
     tables = dict(toml=TOML_CASES, config=CONFIG_CASES, simulator=SIMULATOR_CASES, decode=DECODE_CASES,
-                  cli=CLI_CASES, bench=BENCH_CASES, kernel=KERNEL_CASES, host=HOST_CASES)
+                  resume=RESUME_CASES, cli=CLI_CASES, bench=BENCH_CASES, kernel=KERNEL_CASES, host=HOST_CASES)
     ids = [(name, p.id) for name, t in tables.items() for p in t]
     assert len(ids) == len(set(ids)) and len(ids) >= 80
