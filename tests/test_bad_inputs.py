@@ -302,6 +302,41 @@ def test_to_npz_of_a_timing_run():
     _raises(lambda: r.to_npz("x.npz"), ValidationError, r"timing-mode run has no numbers.*mode='data'")
 
 
+# --- the calibration panel ------------------------------------------------------------------------------
+PANEL_CASES = [
+    pytest.param(dict(fixed=40.7), r"FIXED .*whole number of cycles >= 0; got 40\.7, which is not a whole number",
+                 id="fixed-40.7"),
+    pytest.param(dict(fixed=-0.5), r"FIXED .*got -0\.5", id="fixed-minus-half"),
+    pytest.param(dict(fixed=-1), r"FIXED .*got -1\b", id="fixed-negative"),
+    pytest.param(dict(fixed=float("nan")), r"FIXED .*got nan", id="fixed-nan"),
+    pytest.param(dict(fixed=float("inf")), r"FIXED .*got inf", id="fixed-inf"),
+    pytest.param(dict(fixed=-float("inf")), r"FIXED .*got -inf", id="fixed-minus-inf"),
+    pytest.param(dict(fixed=np.float32(2.5)), r"FIXED .*got np\.float32\(2\.5\)", id="panel-fixed-numpy-fraction"),
+    pytest.param(dict(fixed="40"), r"FIXED .*got '40' \(str\)", id="fixed-string"),
+    pytest.param(dict(fixed=None), r"FIXED .*got None", id="fixed-none"),
+    pytest.param(dict(r="0.1"), r"r must be a number, got '0\.1'", id="r-string"),
+    pytest.param(dict(tile=0), r"tile must be a positive int, got 0", id="tile-zero"),
+    pytest.param(dict(fixd=3), r"unknown control\(s\) \['fixd'\]", id="unknown-control"),
+]
+
+
+@pytest.fixture(scope="module")
+def panel():
+    from kbwork.widgets import CalibrationPanel
+
+    return CalibrationPanel(kv_len=512, draw=False)
+
+
+@pytest.mark.parametrize("changes,pattern", PANEL_CASES)
+def test_bad_panel_setting(changes, pattern, panel):
+    before = panel.setting_text()
+    _raises(lambda: panel.update(**changes), ValidationError, pattern)
+    assert panel.setting_text() == before, "the text shows what was last simulated"
+    if "fixd" not in changes:  # from a widget: the panel shows the message, nothing is raised
+        panel._apply(changes)
+        assert re.search(pattern, panel.error) and "bug in kbwork" not in panel.error
+
+
 # --- resuming a sweep from its file ----------------------------------------------------------------------
 # Each row damages a good sweep file (kv_len 256 and 512, opt2 and opt3: a header and four rows) or its
 # .meta.json record, or resumes it under other settings; the resume must refuse, naming what is wrong,
@@ -760,6 +795,6 @@ def test_bad_host_data_and_results(action, pattern):
 
 def test_the_tables_hold_at_least_eighty_distinct_mistakes():
     tables = dict(toml=TOML_CASES, config=CONFIG_CASES, simulator=SIMULATOR_CASES, decode=DECODE_CASES,
-                  resume=RESUME_CASES, cli=CLI_CASES, bench=BENCH_CASES, kernel=KERNEL_CASES, host=HOST_CASES)
+                  resume=RESUME_CASES, panel=PANEL_CASES, cli=CLI_CASES, bench=BENCH_CASES, kernel=KERNEL_CASES, host=HOST_CASES)
     ids = [(name, p.id) for name, t in tables.items() for p in t]
     assert len(ids) == len(set(ids)) and len(ids) >= 80
