@@ -302,6 +302,54 @@ def test_to_npz_of_a_timing_run():
     _raises(lambda: r.to_npz("x.npz"), ValidationError, r"timing-mode run has no numbers.*mode='data'")
 
 
+# --- analysis.what_if ---------------------------------------------------------------------------------
+WHAT_IF_CASES = [
+    pytest.param(dict(speedup=2**70), r"speedup=1180591620717411303424 is out of range; pass a real number from "
+                 r"0\.001 to 1e\+06", id="speedup-2**70"),
+    pytest.param(dict(speedup=7e-15), r"speedup=7e-15 is out of range", id="speedup-7e-15"),
+    pytest.param(dict(speedup=1e-300), r"speedup=1e-300 is out of range", id="speedup-1e-300"),
+    pytest.param(dict(speedup=0), r"speedup=0 is not positive", id="speedup-zero"),
+    pytest.param(dict(speedup=-2), r"speedup=-2 is not positive", id="speedup-negative"),
+    pytest.param(dict(speedup=float("nan")), r"speedup=nan is not finite", id="speedup-nan"),
+    pytest.param(dict(speedup=np.float32("inf")), r"speedup=np\.float32\(inf\) is not finite", id="speedup-inf32"),
+    pytest.param(dict(speedup="2"), r"speedup='2' is a str, not a real number", id="speedup-string"),
+    pytest.param(dict(speedup=None), r"speedup=None is a NoneType", id="speedup-none"),
+    pytest.param(dict(speedup=True), r"speedup=True is a bool", id="speedup-bool"),
+    pytest.param(dict(speedup=2 + 0j), r"speedup=\(2\+0j\) is a complex", id="speedup-complex"),
+    pytest.param(dict(engine=5), r"engine=5; pass an engine name \(PE_CPU, .*\), a non-empty list", id="engine-int"),
+    pytest.param(dict(engine=[5]), r"unknown engine 5; use one of PE_CPU", id="engine-list-of-int"),
+    pytest.param(dict(engine=[]), r"engine=\[\]; pass an engine name", id="engine-empty"),
+    pytest.param(dict(engine={"PE_DMA": 1}), r"engine=\{'PE_DMA': 1\}; pass an engine name", id="engine-dict"),
+    pytest.param(dict(engine="PE_DMA1"), r"'PE_DMA1' is a channel; name its engine", id="engine-channel"),
+]
+
+
+@pytest.mark.parametrize("kwargs,pattern", WHAT_IF_CASES)
+def test_bad_what_if_argument(kwargs, pattern, monkeypatch):
+    from kbwork import analysis
+
+    monkeypatch.setattr(analysis, "_resolve_run", lambda x: pytest.fail("resolved (or ran) before checking"))
+    _raises(lambda: analysis.what_if(dict(variant="opt2", kv_len=256), **kwargs), ValidationError, pattern)
+
+
+def test_what_if_takes_every_real_number_type_exactly():
+    from decimal import Decimal
+    from fractions import Fraction
+
+    from kbwork import analysis
+
+    r = decode.run("opt2", kv_len=256, mode="timing")
+    two, half = analysis.what_if(r, speedup=2), analysis.what_if(r, speedup=1.5)
+    for same in (2.0, np.float32(2), np.float16(2), np.int64(2), np.uint8(2), Fraction(2), Decimal(2)):
+        assert analysis.what_if(r, speedup=same).equals(two), repr(same)
+    for same in (Fraction(3, 2), np.float32(1.5), Decimal("1.5")):
+        assert analysis.what_if(r, speedup=same).equals(half), repr(same)
+    # read as written: np.float32(0.1) is 1/10, not the binary float32 nearest it
+    assert analysis.what_if(r, speedup=np.float32(0.1)).equals(analysis.what_if(r, speedup=Fraction(1, 10)))
+    assert list(analysis.what_if(r, engine=np.array(["PE_DMA"])).engine) == ["PE_DMA"]
+    assert (two.cycles < two.baseline_cycles).any() and (half.cycles >= two.cycles).all()
+
+
 # --- the calibration panel ------------------------------------------------------------------------------
 PANEL_CASES = [
     pytest.param(dict(fixed=40.7), r"FIXED .*whole number of cycles >= 0; got 40\.7, which is not a whole number",
@@ -795,6 +843,6 @@ def test_bad_host_data_and_results(action, pattern):
 
 def test_the_tables_hold_at_least_eighty_distinct_mistakes():
     tables = dict(toml=TOML_CASES, config=CONFIG_CASES, simulator=SIMULATOR_CASES, decode=DECODE_CASES,
-                  resume=RESUME_CASES, panel=PANEL_CASES, cli=CLI_CASES, bench=BENCH_CASES, kernel=KERNEL_CASES, host=HOST_CASES)
+                  resume=RESUME_CASES, panel=PANEL_CASES, what_if=WHAT_IF_CASES, cli=CLI_CASES, bench=BENCH_CASES, kernel=KERNEL_CASES, host=HOST_CASES)
     ids = [(name, p.id) for name, t in tables.items() for p in t]
     assert len(ids) == len(set(ids)) and len(ids) >= 80
