@@ -637,6 +637,46 @@ def test_bad_bench_invocation(argv, pattern, cli_tmp, capsys, monkeypatch):
     assert "Traceback" not in err + out
 
 
+def test_bench_with_a_kv_length_twice_measures_it_once_and_finishes(tmp_path, capsys, monkeypatch):
+    import json
+
+    from kbwork import bench
+
+    # the suite's fixed large cases are not what this is about: stand-ins for them
+    monkeypatch.setattr(bench, "MIN_SECONDS", 0.0)
+    monkeypatch.setattr(bench, "compare_case", lambda kv, budget: {"kv_len": kv, "compare_ms": 1.0,
+                                                                   "budget_ms": budget, "within_budget": True})
+    monkeypatch.setattr(bench, "gantt_case", lambda: None)
+    code, out, err = _cli(["bench", "--kv-lens", "128,128", "--modes", "timing", "--no-refs", "--out",
+                           str(tmp_path)], capsys)
+    assert code == 0, err
+    assert "Traceback" not in err and "--kv-lens lists 128 more than once; each length is measured once" in err
+    rows = json.loads((tmp_path / "decode.json").read_text())["rows"]
+    assert [(r["variant"], r["kv_len"]) for r in rows] == [("opt2", 128), ("opt3", 128)]
+    # the summary of rows that repeat a size (a caller of run_decode_suite may pass them) divides by no zero
+    lines = bench.summarize({"rows": rows + rows, "compare": [], "gantt": None})
+    assert any("time per tile" in line for line in lines)
+
+
+def test_bench_steady_without_threadpoolctl_says_so_and_runs(tmp_path, capsys, monkeypatch):
+    import json
+
+    from kbwork.bench import steady
+
+    monkeypatch.setitem(sys.modules, "threadpoolctl", None)  # as under the README's [test] install
+    monkeypatch.setattr(steady, "steady_vs_full", lambda kv_lens: [])
+    monkeypatch.setattr(steady, "compare_flatness", lambda kv: {"ratio_largest_to_smallest": 1.0})
+    monkeypatch.setattr(steady, "sweep_scaling", lambda n, dask: {"points": n, "serial_s": 1.0,
+                                                                  "local_processes_s": 1.0, "local_equal": True})
+    monkeypatch.setattr(steady, "cold_start", lambda: dict.fromkeys(
+        ("python_s", "import_kbwork_s", "first_compare_s", "first_compare_data_s"), 0.1))
+    code, out, err = _cli(["bench", "--suite", "steady", "--no-dask", "--out", str(tmp_path)], capsys)
+    assert code == 0, err
+    assert "Traceback" not in err and "threadpoolctl is not installed" in err
+    assert "BLAS threads were not capped" in out
+    assert json.loads((tmp_path / "steady.json").read_text())["blas_one_thread"] is False
+
+
 @pytest.mark.parametrize("argv,pattern", [
     (["run", "--variant", "opt2", "--kv-len", "256", "--npz", "x.txt"], r"--npz: 'x\.txt' does not end in \.npz"),
     (["compare", "--seed", "-1"], r"argument --seed"),

@@ -241,6 +241,7 @@ def summarize(result: dict[str, Any]) -> list[str]:
             lines.append(f"{v} timing: time per tile {min(t):.1f}-{max(t):.1f} us "
                          f"({(min(t) / mid - 1) * 100:+.0f}% / {(max(t) / mid - 1) * 100:+.0f}% around the median)")
         t_rows = sorted((r for r in rows if r["variant"] == v and r["mode"] == "timing"), key=lambda r: r["kv_len"])
+        t_rows = list({(r["kv_len"], r["tile"]): r for r in t_rows}.values())  # one row per size
         if len(t_rows) >= 2:  # marginal cost of one more tile between consecutive sizes
             marg = [(b["wall_s"] - a["wall_s"]) / ((b["kv_len"] - a["kv_len"]) / a["tile"]) * 1e6
                     for a, b in zip(t_rows, t_rows[1:])]
@@ -382,6 +383,11 @@ def main(argv: list[str] | None = None) -> int:
                         else list(DEFAULT_KV))
     from .. import decode
 
+    repeated = sorted({kv for kv in args.kv_lens if args.kv_lens.count(kv) > 1})
+    if repeated:  # the summary divides by the step between consecutive lengths
+        args.kv_lens = list(dict.fromkeys(args.kv_lens))
+        print(f"kbwork bench: note: --kv-lens lists {', '.join(map(str, repeated))} more than once; each length "
+              f"is measured once", file=sys.stderr)
     for kv in ([args.profile] if args.profile else args.kv_lens if args.suite in ("decode", "panel", "steady")
                else []):
         try:
@@ -440,6 +446,12 @@ def _steady_suite(args: argparse.Namespace) -> int:
             print("kbwork bench: the Dask sweep needs dask[distributed] (pip install -e '.[bench]'), or pass "
                   "--no-dask", file=sys.stderr)
             return 2
+    try:
+        import threadpoolctl  # noqa: F401
+    except ImportError:
+        print("kbwork bench: note: threadpoolctl is not installed (pip install -e '.[bench]'), so the float64 "
+              "references run on as many BLAS threads as numpy starts, competing with the simulator for the "
+              "cores; the figures are measured anyway", file=sys.stderr)
     result = run_suite(args.sweep_points, dask=not args.no_dask, kv_lens=tuple(args.kv_lens))
     result["machine"] = {"python": platform.python_version(), "platform": platform.platform(),
                          "processor": platform.processor(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
