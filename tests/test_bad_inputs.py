@@ -547,6 +547,33 @@ CLI_CASES = [
     pytest.param(["frobnicate"], r"invalid choice: 'frobnicate'", id="unknown-command"),
     pytest.param([], r"the following arguments are required: command", id="no-command"),
     pytest.param(["golden"], r"one of the arguments --check --update is required", id="golden-no-action"),
+    pytest.param(RUN + ["--oplog", "/proc/x.csv"], r"--oplog: .*'/proc'", id="oplog-in-proc",
+                 marks=pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc")),
+    pytest.param(RUN + ["--head-dim", "100000"], r"TCM overflow allocating 'Q'.* On the command line: --set "
+                 r"tcm_bytes=8388608 \(now 1048576\)", id="tcm-overflow-data"),
+    pytest.param(RUN + ["--head-dim", "100000", "--mode", "timing", "--set", "tcm_bytes=4194304"],
+                 r"TCM overflow allocating 'O'.*--set tcm_bytes=8388608 \(now 4194304\)", id="tcm-overflow-timing"),
+    pytest.param(CMP + ["--head-dim", "100000000", "--mode", "timing"], r"No TCM kbwork allows is large enough.*"
+                 r"tcm_bytes=1073741824", id="tcm-overflow-beyond-any"),
+    pytest.param(CMP + ["--set", "tcm_byte=3"], r"--set tcm_byte=3: unknown topology key 'tcm_byte'.*Did you mean "
+                 r"'tcm_bytes'", id="set-unknown-key"),
+    pytest.param(CMP + ["--set", "tcm_bytes=2.5"], r"--set tcm_bytes=2\.5: tcm_bytes takes a whole number",
+                 id="set-fraction-for-int"),
+    pytest.param(CMP + ["--set", "clock_ghz=fast"], r"--set clock_ghz=fast: clock_ghz takes a number", id="set-text"),
+    pytest.param(CMP + ["--set", "dma_channels=0"], r"--set dma_channels=0: topology key 'dma_channels' is 0",
+                 id="set-zero"),
+    pytest.param(CMP + ["--set", "hazard_policy=fifo"], r"--set hazard_policy=fifo: .*'fifo'; use one of",
+                 id="set-policy"),
+    pytest.param(CMP + ["--set", "dma_channels"], r"argument --set: expected key=value", id="set-no-value"),
+    pytest.param(CMP + ["--set", "fixed_cycles=3", "--fixed", "4"], r"fixed_cycles is already set by --fixed 4",
+                 id="set-and-flag"),
+    pytest.param(CMP + ["--set", "tile_k=64", "--set", "tile_k=32"], r"--set tile_k=32: tile_k is already set by "
+                 r"--set tile_k=64", id="set-twice"),
+    pytest.param(CMP + ["--kv_len", "256"], r"unrecognized arguments: --kv_len 256 \(did you mean --kv-len\?\)",
+                 id="kv_len-underscore"),
+    pytest.param(RUN + ["--varaint", "opt3"], r"did you mean --variant\?", id="misspelt-option"),
+    pytest.param(RUN + ["--gantt-tiles", "2"], r"--gantt-tiles 2 needs --gantt", id="run-gantt-tiles-alone"),
+    pytest.param(CMP + ["--gantt-tiles", "all"], r"--gantt-tiles all needs --gantt", id="compare-gantt-tiles-alone"),
 ]
 
 
@@ -575,6 +602,10 @@ FAIL_FAST_CASES = [
     pytest.param(RUN + ["--gantt", "{tmp}/g.pdf"], "run", id="run-gantt"),
     pytest.param(RUN + ["--npz", "{tmp}/x.npz", "--mode", "timing"], "run", id="run-npz-timing"),
     pytest.param(CMP + ["--gantt", "{tmp}/missing/g.png"], "compare", id="compare-gantt"),
+    pytest.param(RUN + ["--oplog", "/proc/x.csv"], "run", id="run-oplog-in-proc",
+                 marks=pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc")),
+    pytest.param(RUN + ["--gantt-tiles", "2"], "run", id="run-gantt-tiles-alone"),
+    pytest.param(CMP + ["--set", "tcm_byte=3"], "compare", id="compare-set-unknown"),
 ]
 
 
@@ -586,6 +617,19 @@ def test_cli_checks_outputs_before_simulating(argv, entry, tmp_path, capsys, mon
     monkeypatch.setattr(decode, entry, simulated)
     code, _, err = _cli([a.replace("{tmp}", str(tmp_path)) for a in argv], capsys)
     assert code == 2 and "kbwork: error:" in err and "simulated" not in err
+
+
+def test_a_data_run_that_cannot_fit_the_tcm_is_refused_before_its_inputs_are_made(capsys, monkeypatch):
+    monkeypatch.setattr(decode, "make_inputs", lambda *a, **k: pytest.fail("inputs made before the TCM check"))
+    real, runs = decode.run, []
+    monkeypatch.setattr(decode, "run", lambda *a, **k: runs.append(k) or real(*a, **k))
+    code, _, err = _cli(["run", "--variant", "opt2", "--head-dim", "100000", "--kv-len", "2048"], capsys)
+    assert code == 2 and "TCM overflow" in err and "--set tcm_bytes=8388608" in err
+    assert runs and all(k["mode"] == "timing" and k["kv_len"] == 128 for k in runs)  # one-tile timing runs only
+    # what the hint says to type is enough
+    code, out, err = _cli(["run", "--variant", "opt2", "--head-dim", "100000", "--kv-len", "256", "--mode",
+                           "timing", "--set", "tcm_bytes=8388608"], capsys)
+    assert code == 0, err
 
 
 def test_cli_write_failure_is_a_message_not_a_traceback(tmp_path, capsys, monkeypatch):
@@ -619,6 +663,8 @@ BENCH_CASES = [
                  id="out-is-file"),
     pytest.param(["--kv-lens", "256", "--no-refs", "--out", "{tmp}/afile/sub"], r"--out .*is not a writable directory",
                  id="out-under-file"),
+    pytest.param(["--kv_lens", "256"], r"unrecognized arguments: --kv_lens 256 \(did you mean --kv-lens\?\)",
+                 id="kv_lens-underscore"),
 ]
 
 
@@ -883,6 +929,7 @@ def test_bad_host_data_and_results(action, pattern):
 
 def test_the_tables_hold_at_least_eighty_distinct_mistakes():
     tables = dict(toml=TOML_CASES, config=CONFIG_CASES, simulator=SIMULATOR_CASES, decode=DECODE_CASES,
-                  resume=RESUME_CASES, panel=PANEL_CASES, what_if=WHAT_IF_CASES, cli=CLI_CASES, bench=BENCH_CASES, kernel=KERNEL_CASES, host=HOST_CASES)
+                  resume=RESUME_CASES, panel=PANEL_CASES, what_if=WHAT_IF_CASES, cli=CLI_CASES, bench=BENCH_CASES,
+                  kernel=KERNEL_CASES, host=HOST_CASES)
     ids = [(name, p.id) for name, t in tables.items() for p in t]
     assert len(ids) == len(set(ids)) and len(ids) >= 80

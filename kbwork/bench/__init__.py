@@ -354,17 +354,24 @@ def main(argv: list[str] | None = None) -> int:
     Raises:
         SystemExit: from argparse for a malformed argument (status 2).
     """
+    from ..cli import ArgumentParser
     from ..errors import KbworkError
 
-    p = argparse.ArgumentParser(prog="kbwork bench", description=__doc__.splitlines()[0])
-    p.add_argument("--suite", choices=["decode", "gemm", "panel", "steady"], default="decode")
+    p = ArgumentParser(prog="kbwork bench", description=__doc__.splitlines()[0])
+    p.add_argument("--suite", choices=["decode", "gemm", "panel", "steady"], default="decode",
+                   help="what to time: decode (default; opt2 and opt3 at each --kv-lens, timing and data mode, "
+                        "against SimPy, the heap floor and numpy), gemm (the GEMM benches at each --scales), "
+                        "panel (a calibration-panel slider move in JupyterLab in headless Chromium), steady "
+                        "(the exact steady state against the full run, a sweep serially, on processes and on Dask, "
+                        "cold start)")
     p.add_argument("--kv-lens", type=int_list, default=None,
                    help=f"kv lengths, multiples of {TILE} (comma-separated; default "
                         f"{','.join(map(str, DEFAULT_KV))}, and {PANEL_KV} for the panel)")
     p.add_argument("--modes", type=mode_list, default=["timing", "data"],
                    help="comma-separated modes (default timing,data)")
     p.add_argument("--no-refs", action="store_true", help="skip the SimPy replay and the heap floor")
-    p.add_argument("--out", type=Path, default=OUT_DIR, help=f"directory for the CSV/JSON (default {OUT_DIR})")
+    p.add_argument("--out", type=Path, default=OUT_DIR,
+                   help="directory for the CSV/JSON (default: benchmarks/results in the kbwork checkout)")
     p.add_argument("--scales", type=int_list, default=[1, 2, 4, 8, 12],
                    help="GEMM suite: size multipliers (default 1,2,4,8,12)")
     p.add_argument("--repeats", type=positive_int, default=3, help="GEMM suite: runs per case (default 3)")
