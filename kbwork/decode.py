@@ -169,18 +169,27 @@ class DecodeRun:
 
     @property
     def op_log(self) -> pd.DataFrame:
+        """Every executed stage, one row each (DESIGN.md §6): ``seq, cmd, iter, label, stage, engine,
+        op_kind, phase, tile, k_tile, tensor, bytes, ready, start, end``, cycles as ints.
+
+        Built on first access and kept; the same run gives the same frame every time. ``analysis``
+        and ``plots`` take it.
+        """
         return self.run.op_log
 
     @property
     def cycles(self) -> int:
+        """End-to-end cycles: the end of the run's last stage (``topology.cycles_to_us`` gives µs)."""
         return self.run.cycles
 
     @property
     def topology(self) -> Topology:
+        """The :class:`~kbwork.Topology` the run was simulated on, every override applied."""
         return self.run.topology
 
     @property
     def n_tiles(self) -> int:
+        """KV tiles in the run: ``kv_len // tile``."""
         return self.params["kv_len"] // self.params["tile"]
 
     @property
@@ -220,9 +229,33 @@ class DecodeRun:
         return _max_abs(self.O, self.reference)
 
     def to_csv(self, path: str | Path | None = None) -> str:
+        """The op_log as canonical CSV (columns in order, no index, ``\\n`` line ends): byte-identical for
+        the same run.
+
+        Args:
+            path: also write it there, atomically (an existing file is replaced whole or kept as it was).
+
+        Returns:
+            The CSV text.
+
+        Raises:
+            FileError: ``path`` cannot be written (an OSError too).
+        """
         return self.run.to_csv(path)
 
     def to_perfetto(self, path: str | Path | None = None) -> dict:
+        """The op_log as a Chrome-trace / Perfetto JSON: one track per engine unit, µs at the topology's
+        clock, the critical path drawn as flow events (open it in https://ui.perfetto.dev).
+
+        Args:
+            path: also write it there as JSON, atomically.
+
+        Returns:
+            The trace as a dict.
+
+        Raises:
+            FileError: ``path`` cannot be written (an OSError too).
+        """
         return self.run.to_perfetto(path)
 
     def to_npz(self, path: str | Path) -> Path:
@@ -250,10 +283,17 @@ def run(variant: str, *, kv_len: int = 4096, group: int = 8, head_dim: int = 128
         dtype: str = "bf16", mode: str = "data", topology: Topology | str | None = None, seed: int = 0,
         q: np.ndarray | None = None, k: np.ndarray | None = None, v: np.ndarray | None = None,
         steady_state: bool | None = None, **overrides: Any) -> DecodeRun:
-    """Simulate one decode variant.
+    """Simulate one decode variant (DESIGN.md §7).
+
+    >>> from kbwork import decode
+    >>> r = decode.run("opt2", kv_len=4096)               # data mode: the numbers too
+    >>> r.cycles, r.dispatch_per_tile.iloc[0], r.error     # end to end, per tile, max |O - float64 ref|
+    >>> t = decode.run("a1", kv_len=1 << 20, mode="timing", fixed_cycles=0)   # a schedule only, 1M tokens
 
     Args:
-        variant: ``"opt2"`` or ``"opt3"``.
+        variant: a name in :data:`VARIANTS`: ``"opt2"`` (2 commands per tile: the softmax merge fused as a
+            recipe prologue of P·V), ``"opt3"`` (10: the merge as eight MATH commands, then P·V) or
+            ``"a1"`` (3: the merge recipe as a MATH-only command, then P·V; ADR-0065's rejected A1).
         kv_len, group, head_dim, tile: N, G, d and T. ``kv_len`` must be a multiple of ``tile``.
         dtype: storage dtype of q, k, v (``"bf16"``, ``"fp16"``, ``"fp32"``).
         mode: ``"data"`` (numbers) or ``"timing"`` (schedule only).
@@ -419,10 +459,14 @@ class Comparison:
 
     @property
     def variants(self) -> tuple[str, ...]:
+        """The variants compared, in the order asked for (the order of every per-variant field)."""
         return tuple(self.runs)
 
     @property
     def params(self) -> dict[str, Any]:
+        """What was run, the same for every variant (:attr:`DecodeRun.params`): ``kv_len``, ``group``,
+        ``head_dim``, ``tile``, ``dtype``, ``mode``, ``seed``, ``fixed_cycles``, ``r_cycles_per_byte``,
+        ``hazard_policy`` and the topology's name."""
         return next(iter(self.runs.values())).params
 
     @property
@@ -467,6 +511,9 @@ class Comparison:
 
     @property
     def closed_form_gate(self) -> bool | None:
+        """:attr:`gate` on the closed-form per-tile dispatch (``FIXED + ceil(R x bytes)`` per command, no
+        simulation): ``opt3 > 2 x opt2``; ``None`` unless both were run. It agrees with :attr:`gate`, since
+        the simulated dispatch matches its closed form exactly."""
         return analysis.gate(self.closed_form["opt3"], self.closed_form["opt2"]) if self.has_gate else None
 
     @property
