@@ -138,7 +138,11 @@ def gantt_case(kv_len: int = 131072, out: Path | None = None) -> dict[str, Any]:
     path = out or Path("/dev/null")
 
     def draw():
-        ax = plots.gantt(log, title=f"opt3, kv_len {kv_len}: {len(log)} stages")
+        import warnings
+
+        with warnings.catch_warnings():  # the whole run on purpose: the time to draw every stage
+            warnings.simplefilter("ignore", plots.DensityWarning)
+            ax = plots.gantt(log, title=f"opt3, kv_len {kv_len}: {len(log)} stages")
         ax.figure.savefig(path, format="png", dpi=100)
         plt.close(ax.figure)
 
