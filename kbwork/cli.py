@@ -696,6 +696,7 @@ def main(argv: list[str] | None = None) -> int:
             lines, for a malformed argument (and 0 for ``--help``).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    args: argparse.Namespace | None = None
     try:
         if argv[:1] == ["bench"]:
             from .bench import main as bench_main
@@ -704,7 +705,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         return args.fn(args)
     except TcmOverflowError as exc:
-        print(f"kbwork: error: {exc}{_tcm_hint(locals().get('args'))}", file=sys.stderr)
+        print(f"kbwork: error: {exc}{_tcm_hint(args)}", file=sys.stderr)
         return 2
     except KbworkError as exc:
         print(f"kbwork: error: {exc}", file=sys.stderr)
