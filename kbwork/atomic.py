@@ -119,12 +119,15 @@ def _named(exc: OSError, target: Path) -> FileError:
 
 
 def check_output_path(path: str | os.PathLike[str], *, suffix: str | None = None, what: str = "output") -> Path:
-    """Check, without writing anything, that ``path`` can be written as an output file.
+    """Check, leaving nothing behind, that ``path`` can be written as an output file.
 
     The parent directory must exist and be a writable directory, ``path`` must
     not be a directory (nor an existing read-only file), and, when ``suffix``
     is given, its name must end with it (case-insensitively): kbwork writes
-    exactly the path it is given and never appends a suffix.
+    exactly the path it is given and never appends a suffix. Where the write
+    would go through a temporary file beside the target, that file is created
+    and removed at once: permission bits do not tell (root passes
+    ``os.access`` on ``/proc``, where no file can be created).
 
     Returns:
         ``path`` as a :class:`~pathlib.Path`.
@@ -156,6 +159,18 @@ def check_output_path(path: str | os.PathLike[str], *, suffix: str | None = None
                               f"pick a path in a directory you can write to.")
     if st is not None and not os.access(p, os.W_OK):
         raise ValidationError(f"{what}: {shown} exists and is read-only; pick another name or make it writable.")
+    if st is None or stat.S_ISREG(st.st_mode):  # what write_with will do: a temporary file beside the target
+        real = Path(os.path.realpath(p)) if p.is_symlink() else p
+        try:
+            tmp, fd = _create_temp(real)
+        except FileError as exc:
+            raise ValidationError(f"{what}: cannot write a file in the directory {str(real.parent)!r} "
+                                  f"({exc.strerror}); pick a path in a directory you can write to.") from None
+        os.close(fd)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
     return p
 
 

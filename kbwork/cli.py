@@ -1,28 +1,72 @@
-"""The ``kbwork`` command: compare, explain, run, golden, bench.
+"""The ``kbwork`` command: compare, explain, run, golden, bench (``kbwork --version``; ``python -m kbwork``).
 
 Every argument and every output path is checked before anything is
-simulated. A mistake ends with exit status 2 and one ``kbwork: error: ...``
-line (argparse's usage line too, for a malformed argument), never a
-traceback: that covers every :class:`~kbwork.errors.KbworkError` and an
-``OSError`` while writing an output. Outputs are written atomically to
-exactly the path given, which must end in the suffix of its kind (``--oplog``
-.csv, ``--trace`` .json, ``--npz`` .npz, ``--gantt`` .png); a wrong suffix is
-refused rather than silently changed.
+simulated, and in data mode so is whether the run fits in the TCM (a
+one-tile timing run, milliseconds, before inputs of gigabytes are made). A
+mistake ends with exit status 2 and one ``kbwork: error: ...`` line
+(argparse's usage line too, for a malformed argument, with a "did you mean"
+for a misspelt option), never a traceback: that covers every
+:class:`~kbwork.errors.KbworkError` and an ``OSError`` while writing an
+output. Outputs are written atomically to exactly the path given, which must
+end in the suffix of its kind (``--oplog`` .csv, ``--trace`` .json, ``--npz``
+.npz, ``--gantt`` .png); a wrong suffix is refused rather than silently
+changed.
+
+Any topology key can be set on every simulating subcommand: ``--topology
+FILE`` for a whole file, ``--set key=value`` (repeatable) for one key, e.g.
+``--set tcm_bytes=2097152``. Long work shows a progress bar of its phases on
+stderr (``--quiet`` and ``--json`` turn it off).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
+import difflib
 import json
 import math
 import os
+import re
 import sys
+import threading
+import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from . import atomic
-from .config import FLOAT_RANGES, MAX_INT
-from .errors import KbworkError, ValidationError
+from .config import FLOAT_RANGES, MAX_INT, MAX_TCM_BYTES, Topology, load_topology
+from .errors import ConfigError, KbworkError, TcmOverflowError, ValidationError
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser, whose error for an unknown option says which one was meant (``--kv_len``:
+    "did you mean --kv-len?"), in the usage of the subcommand it was given to."""
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            parser: argparse.ArgumentParser = self
+            for action in self._actions:
+                if isinstance(action, argparse._SubParsersAction):
+                    parser = action.choices.get(getattr(ns, action.dest, None), self)
+            parser.error(unrecognized(extras, parser))
+        return ns
+
+
+def unrecognized(extras: list[str], parser: argparse.ArgumentParser) -> str:
+    """argparse's "unrecognized arguments" message, with the option meant by the first unknown one."""
+    message = f"unrecognized arguments: {' '.join(extras)}"
+    known = [o for o in parser._option_string_actions if o.startswith("--")]
+    for arg in extras:
+        if not arg.startswith("-"):
+            continue
+        name = arg.split("=", 1)[0]
+        dashed = "--" + name.lstrip("-").replace("_", "-")
+        close = [dashed] if dashed in known else difflib.get_close_matches(dashed, known, n=1, cutoff=0.7)
+        if close:
+            return f"{message} (did you mean {close[0]}?)"
+    return message
 
 
 # --- argument types: argparse reports their message as "argument --flag: <message>" -------------------
@@ -63,38 +107,204 @@ positive_int = int_range(1)
 nonnegative_int = int_range(0)
 
 
+def topology_setting(text: str) -> tuple[str, str]:
+    """An argparse type: ``key=value`` (``--set tcm_bytes=2097152``); the key and value are checked later,
+    against the topology, so the message can name the key."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip() or not value.strip():
+        raise argparse.ArgumentTypeError(f"expected key=value with a topology key, e.g. tcm_bytes=2097152, "
+                                         f"got {text!r}")
+    return key.strip(), value.strip()
+
+
+topology_setting.__name__ = "key=value"
+
+
 def _sim_options(p: argparse.ArgumentParser, mode: str = "data") -> None:
     g = p.add_argument_group("decode and topology options")
     g.add_argument("--kv-len", type=positive_int, default=4096, help="KV length N (default 4096)")
     g.add_argument("--tile", type=positive_int, default=128, help="KV tile T (default 128)")
     g.add_argument("--group", type=positive_int, default=8, help="query rows per KV head G (default 8)")
     g.add_argument("--head-dim", type=positive_int, default=128, help="head dimension d (default 128)")
-    g.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"], help="storage dtype of q, k, v")
+    g.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"],
+                   help="storage dtype of q, k, v (default bf16)")
     g.add_argument("--mode", default=mode, choices=["data", "timing"],
                    help=f"data (numbers) or timing only (default {mode})")
     g.add_argument("--seed", type=nonnegative_int, default=0, help="input seed, >= 0 (default 0)")
-    g.add_argument("--topology", default=None, help="topology name or .toml path (default ahbm-pe-v1)")
+    g.add_argument("--topology", default=None, metavar="NAME_OR_FILE",
+                   help="topology name or .toml file (default ahbm-pe-v1)")
+    g.add_argument("--set", action="append", default=[], type=topology_setting, metavar="KEY=VALUE",
+                   dest="settings", help="set one topology key, e.g. --set tcm_bytes=2097152 or --set "
+                                         "dma_channels=2 (repeatable; any key of the topology file)")
     g.add_argument("--fixed", type=int_range(0, MAX_INT), default=None,
                    help="dispatch FIXED cycles (default: topology)")
     g.add_argument("--r", type=float_range(0.0, FLOAT_RANGES["r_cycles_per_byte"][1]), default=None,
                    help="dispatch R cycles/byte (default: topology)")
     g.add_argument("--hazard-policy", default=None, choices=["strict_fifo", "rw_aware"],
                    help="hazard policy (default: topology, strict_fifo)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar on stderr")
+
+
+_TOPOLOGY_KEYS = frozenset(f.name for f in dataclasses.fields(Topology)) - {"source"}
+#: The flags that set a topology key themselves (``--set`` may not set it a second time).
+_KEY_FLAGS = {"fixed_cycles": ("--fixed", "fixed"), "r_cycles_per_byte": ("--r", "r"),
+              "hazard_policy": ("--hazard-policy", "hazard_policy")}
+
+
+def _setting_value(key: str, text: str) -> Any:
+    """The value of ``--set key=text`` in the type of the topology key (an unknown key is left to
+    :func:`kbwork.load_topology`, which suggests the key meant)."""
+    fields = {f.name: f for f in dataclasses.fields(Topology) if f.name != "source"}
+    kind = fields[key].type if key in fields else "str"
+    if kind == "int":
+        try:
+            return int(text)
+        except ValueError:
+            pass
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if value.is_integer():  # 2e6
+            return int(value)
+        raise ConfigError(f"--set {key}={text}: {key} takes a whole number, got {text!r}.")
+    if kind == "float":
+        try:
+            return float(text)
+        except ValueError:
+            raise ConfigError(f"--set {key}={text}: {key} takes a number, got {text!r}.") from None
+    return text
 
 
 def _kwargs(a: argparse.Namespace) -> dict[str, Any]:
+    """``decode.run``/``compare`` keyword arguments from the options; the topology and every key set on it
+    checked now (an error names the flag that set it).
+
+    Raises:
+        ValidationError: a ragged kv length, a key set twice.
+        ConfigError: a bad topology file or value (naming ``--set key=value`` for a ``--set``).
+    """
     if a.kv_len % a.tile:  # decode.run says so too, in its own argument names
         raise ValidationError(f"--kv-len {a.kv_len} is not a multiple of tile {a.tile} (--tile); e.g. "
                               f"--kv-len {max(1, round(a.kv_len / a.tile)) * a.tile}.")
-    kw: dict[str, Any] = dict(kv_len=a.kv_len, tile=a.tile, group=a.group, head_dim=a.head_dim, dtype=a.dtype,
-                              mode=a.mode, seed=a.seed, topology=a.topology)
-    if a.fixed is not None:
-        kw["fixed_cycles"] = a.fixed
-    if a.r is not None:
-        kw["r_cycles_per_byte"] = a.r
-    if a.hazard_policy is not None:
-        kw["hazard_policy"] = a.hazard_policy
-    return kw
+    overrides: dict[str, Any] = {}
+    given: dict[str, str] = {}
+    for key, (flag, attr) in _KEY_FLAGS.items():
+        if getattr(a, attr) is not None:
+            overrides[key], given[key] = getattr(a, attr), f"{flag} {getattr(a, attr)}"
+    topo = load_topology(a.topology)
+    for key, text in a.settings:
+        if key in given:
+            raise ValidationError(f"--set {key}={text}: {key} is already set by {given[key]}; give it once.")
+        overrides[key], given[key] = _setting_value(key, text), f"--set {key}={text}"
+        try:
+            topo = topo.replace(**{key: overrides[key]})
+        except ConfigError as exc:
+            raise ConfigError(f"--set {key}={text}: {exc}") from None
+    topo.replace(**overrides)  # the flags' values too (they are range-checked already; this is the whole)
+    return dict(kv_len=a.kv_len, tile=a.tile, group=a.group, head_dim=a.head_dim, dtype=a.dtype, mode=a.mode,
+                seed=a.seed, topology=a.topology, **overrides)
+
+
+def _before_simulating(kw: dict[str, Any], variants: tuple[str, ...]) -> None:
+    """What can be refused before minutes of work, refused now: sizes beyond what a run may simulate, and
+    in data mode inputs beyond :data:`kbwork.decode.MAX_DATA_BYTES` and a run that does not fit in the TCM.
+
+    The TCM holds what one tile needs, whatever the tile count, so a one-tile timing run of each variant
+    (milliseconds) finds an overflow that data mode would find only after making inputs of gigabytes.
+    """
+    from . import decode
+
+    decode._check_sizes(where="kbwork", kv_len=kw["kv_len"], group=kw["group"], head_dim=kw["head_dim"],
+                        tile=kw["tile"])
+    if kw["mode"] != "data":
+        return  # timing mode makes no inputs: the run itself refuses as fast
+    decode._check_data_bytes(kw["kv_len"], kw["group"], kw["head_dim"], where="--mode data")
+    if kw["kv_len"] > kw["tile"]:
+        for v in variants:
+            decode.run(v, **{**kw, "kv_len": kw["tile"], "mode": "timing", "steady_state": False})
+
+
+#: Seconds before a progress bar appears: a command that is done by then prints none.
+PROGRESS_DELAY = 1.0
+
+
+class _Phases:
+    """A tqdm bar over the coarse phases of a command (on stderr, shown once it has taken
+    :data:`PROGRESS_DELAY` seconds, cleared when done), its clock ticking while a phase runs."""
+
+    def __init__(self, phases: list[str], enabled: bool):
+        from tqdm import tqdm  # the command line is never a notebook: the plain bar
+
+        self.bar = tqdm(total=len(phases), desc=phases[0] if phases else "", file=sys.stderr,
+                        disable=not (enabled and phases),
+                        delay=PROGRESS_DELAY, leave=False, dynamic_ncols=True,
+                        bar_format="kbwork: {desc} |{bar}| {n_fmt}/{total_fmt} phases [{elapsed}]")
+        self._done = threading.Event()
+        self._ticker: threading.Thread | None = None
+        if not self.bar.disable:
+            self._ticker = threading.Thread(target=self._tick, name="kbwork-progress", daemon=True)
+            self._ticker.start()
+
+    def _tick(self) -> None:
+        # tqdm redraws only when a phase ends; a phase of a minute would show a frozen clock
+        while not self._done.wait(0.5):
+            self._redraw()
+
+    def _redraw(self) -> None:
+        bar = self.bar
+        if not bar.disable and bar._time() >= bar.start_t + bar.delay:
+            bar.refresh()
+            bar.last_print_t = bar._time()  # so close() knows there is a bar to clear
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Show ``name`` as the running phase for the ``with`` block; count it done at its end."""
+        self.bar.set_description_str(name, refresh=False)
+        self._redraw()
+        yield
+        self.bar.update()
+
+    def __enter__(self) -> "_Phases":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._done.set()
+        if self._ticker is not None:
+            self._ticker.join()
+        self.bar.close()
+
+
+def _progress(a: argparse.Namespace, phases: list[str]) -> _Phases:
+    return _Phases(phases, enabled=not (a.quiet or getattr(a, "json", False)))
+
+
+def _tcm_hint(a: argparse.Namespace | None) -> str:
+    """What to type for a TCM large enough: the smallest power of two of bytes in which a one-tile timing
+    run of every variant asked for fits (a TCM holds what one tile needs, whatever the tile count)."""
+    generic = " On the command line: --set tcm_bytes=N, or --topology FILE with a larger tcm_bytes."
+    if a is None or not hasattr(a, "kv_len"):
+        return generic
+    from . import decode
+
+    variants = tuple(getattr(a, "variants", None) or (a.variant,))
+    try:
+        kw = {**_kwargs(a), "mode": "timing", "steady_state": False}
+        now = load_topology(kw["topology"], **{k: v for k, v in kw.items() if k in _TOPOLOGY_KEYS}).tcm_bytes
+        kw["kv_len"] = kw["tile"]
+        size = now * 2
+        while size <= MAX_TCM_BYTES:
+            try:
+                for v in variants:
+                    decode.run(v, **{**kw, "tcm_bytes": size})
+            except TcmOverflowError:
+                size *= 2
+                continue
+            return f" On the command line: --set tcm_bytes={size} (now {now}), or --topology FILE with that tcm_bytes."
+    except KbworkError:
+        return generic
+    return (f" No TCM kbwork allows is large enough (the largest is --set tcm_bytes={MAX_TCM_BYTES}); use smaller "
+            f"sizes (--head-dim, --group, --tile).")
 
 
 def format_comparison(cmp: Any, bounds: dict[str, str] | None = None) -> str:
@@ -176,10 +386,16 @@ def one_or_more_variants(text: str) -> tuple[str, ...]:
 one_or_more_variants.__name__ = "variants"
 
 
-def gantt_tiles(text: str) -> int | None:
-    """An argparse type: a positive number of tiles, or ``all`` (``None``)."""
-    if text.strip().lower() == "all":
-        return None
+#: ``--gantt-tiles all``.
+ALL_TILES = "all"
+#: The tiles ``--gantt`` draws when ``--gantt-tiles`` is not given.
+GANTT_TILES = 3
+
+
+def gantt_tiles(text: str) -> int | str:
+    """An argparse type: a positive number of tiles, or ``all`` (:data:`ALL_TILES`)."""
+    if text.strip().lower() == ALL_TILES:
+        return ALL_TILES
     return positive_int(text)
 
 
@@ -224,34 +440,61 @@ def _save_png(fig: Any) -> Callable[[Path], Any]:
     return write
 
 
+def _check_gantt_tiles(a: argparse.Namespace) -> None:
+    if a.gantt_tiles is not None and a.gantt is None:
+        raise ValidationError(f"--gantt-tiles {a.gantt_tiles} needs --gantt FILE.png (the Gantt it sizes); add "
+                              f"--gantt, or drop --gantt-tiles.")
+
+
+def _simulating(variants: tuple[str, ...] | list[str], mode: str) -> str:
+    return (f"simulating {', '.join(variants)}" if mode != "data" else
+            f"making the inputs and simulating {', '.join(variants)}")
+
+
 def cmd_compare(a: argparse.Namespace) -> int:
     from . import analysis, decode
 
     _check_outputs(a, (("--gantt", "gantt", ".png"),))
-    cmp = decode.compare(variants=a.variants, **_kwargs(a))
-    bounds = {v: x.short for v, x in analysis.explain_all(cmp).items()}
+    _check_gantt_tiles(a)
+    kw = _kwargs(a)
+    _before_simulating(kw, a.variants)
+    data = kw["mode"] == "data"
+    phases = [_simulating(a.variants, kw["mode"]) + (" and the float64 reference" if data else ""),
+              "finding what bounds each variant"] + (["drawing the Gantt"] if a.gantt else [])
+    with _progress(a, phases) as bar:
+        with bar.phase(phases[0]):
+            cmp = decode.compare(variants=a.variants, **kw)
+        with bar.phase(phases[1]):
+            bounds = {v: x.short for v, x in analysis.explain_all(cmp).items()}
+        if a.gantt:
+            from . import plots
+
+            with bar.phase(phases[2]):
+                first = next(iter(cmp.runs.values()))
+                tiles = _gantt_tiles(a.gantt_tiles, first.n_tiles)
+                fig = plots.compare_gantt(cmp, tiles=tiles, holds=True, critical_path=True, dpi=PNG_DPI)
     if a.json:
         print(json.dumps({**cmp.to_dict(), "bound": bounds}, indent=2))
     else:
         print(format_comparison(cmp, bounds))
     if a.gantt:
-        from . import plots
-
-        first = next(iter(cmp.runs.values()))
-        tiles = _gantt_tiles(a.gantt_tiles, first.n_tiles)
-        fig = plots.compare_gantt(cmp, tiles=tiles, holds=True, critical_path=True, dpi=PNG_DPI)
+        _note_tiles(a.gantt_tiles, first.n_tiles)
         _note_utilization(fig.axes)
         _write("--gantt", a.gantt, _save_png(fig))
     return 0
 
 
-def _gantt_tiles(asked: int | None, n_tiles: int) -> int:
-    """The tiles ``--gantt`` draws: what was asked (``None``: all), at most the run's, with a note if fewer."""
-    if asked is None:
+def _gantt_tiles(asked: int | str | None, n_tiles: int) -> int:
+    """The tiles ``--gantt`` draws: what was asked (default :data:`GANTT_TILES`), at most the run's."""
+    if asked == ALL_TILES:
         return n_tiles
-    if asked > n_tiles:
+    return min(GANTT_TILES if asked is None else int(asked), n_tiles)
+
+
+def _note_tiles(asked: int | str | None, n_tiles: int) -> None:
+    """Say so when ``--gantt-tiles`` asked for more tiles than the run has."""
+    if isinstance(asked, int) and asked > n_tiles:
         print(f"kbwork: note: the run has {n_tiles} tiles; --gantt draws {n_tiles}, not {asked}", file=sys.stderr)
-    return min(asked, n_tiles)
 
 
 def _note_utilization(axes: Any) -> None:
@@ -282,8 +525,15 @@ def cmd_explain(a: argparse.Namespace) -> int:
 
     _check_outputs(a, (("--png", "png", ".png"),))
     kw = _kwargs(a)
-    runs = {v: decode.run(v, **kw) for v in a.variants}  # the same seed: the same inputs for each
-    explanations = analysis.explain_all(runs, top=a.top)
+    _before_simulating(kw, a.variants)
+    phases = [_simulating([v], kw["mode"]) for v in a.variants] + ["explaining where the time goes"]
+    runs = {}
+    with _progress(a, phases) as bar:
+        for v, name in zip(a.variants, phases):
+            with bar.phase(name):
+                runs[v] = decode.run(v, **kw)  # the same seed: the same inputs for each
+        with bar.phase(phases[-1]):
+            explanations = analysis.explain_all(runs, top=a.top)
     params = next(iter(runs.values())).params
     if a.json:
         print(json.dumps({"params": dict(params), "variants": list(runs),
@@ -306,15 +556,30 @@ def cmd_run(a: argparse.Namespace) -> int:
     from . import decode
 
     _check_outputs(a, RUN_OUTPUTS)
+    _check_gantt_tiles(a)
     if a.npz is not None and a.mode != "data":
         raise ValidationError("--npz needs --mode data: a timing-mode run computes no numbers to save.")
-    r = decode.run(a.variant, **_kwargs(a))
+    kw = _kwargs(a)
+    _before_simulating(kw, (a.variant,))
+    data = kw["mode"] == "data"
+    needs_log = bool(a.oplog or a.trace or a.gantt)
+    phases = ([_simulating([a.variant], kw["mode"])] + (["the float64 reference"] if data else [])
+              + (["building the op_log"] if needs_log else []))
+    with _progress(a, phases) as bar:
+        with bar.phase(phases[0]):
+            r = decode.run(a.variant, **kw)
+        if data:
+            with bar.phase("the float64 reference"):
+                error = r.error
+        if needs_log:
+            with bar.phase("building the op_log"):
+                _ = r.op_log  # built once here, under the bar, for every output that reads it
     print(r)
     ds = r.dispatch_per_tile
     print(f"dispatch cycles per tile: {int(ds.iloc[0])} (closed form {int(r.closed_form_per_tile.iloc[0])}); "
           f"end-to-end {r.cycles} cycles = {r.topology.cycles_to_us(r.cycles):.3f} us")
-    if r.O is not None:
-        print(f"max |O - float64 reference| = {r.error:.3e}")
+    if data:
+        print(f"max |O - float64 reference| = {error:.3e}")
     if a.oplog:
         _write("--oplog", a.oplog, r.to_csv)
     if a.npz:
@@ -325,6 +590,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         from . import plots
 
         tiles = _gantt_tiles(a.gantt_tiles, r.n_tiles)
+        _note_tiles(a.gantt_tiles, r.n_tiles)
         ax = plots.gantt_or_utilization(
             r.op_log, window=plots.tile_window(r.op_log, range(tiles)), dpi=PNG_DPI, clock_ghz=r.topology.clock_ghz,
             title=f"{a.variant}: first {tiles} of {r.n_tiles} tiles ({r.cycles:,} cycles in all)\n"
@@ -357,10 +623,19 @@ def cmd_golden(a: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kbwork", description="AHBM PE kernel workbench.")
+    from . import __version__
+
+    p = ArgumentParser(prog="kbwork", description="AHBM PE kernel workbench.")
+    p.add_argument("--version", action="version", version=f"kbwork {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     from .kernels.gqa_decode import DEFAULT_VARIANTS, VARIANTS
+
+    def about(name: str) -> str:
+        v = VARIANTS[name]
+        per = getattr(v, "commands_per_tile", None)
+        what = getattr(v, "doc", "")
+        return f"{name}" + (f" ({per} commands per tile" + (f": {what})" if what else ")") if per else "")
 
     c = sub.add_parser("compare", help="opt2 vs opt3 (or any variants): dispatch ratio, gate, cycles, numerics")
     c.add_argument("--variants", type=variant_list, default=DEFAULT_VARIANTS,
@@ -369,8 +644,8 @@ def build_parser() -> argparse.ArgumentParser:
     _sim_options(c)
     c.add_argument("--json", action="store_true", help="print the comparison as JSON")
     c.add_argument("--gantt", type=Path, help="write a side-by-side Gantt of a few tiles to this .png file")
-    c.add_argument("--gantt-tiles", type=gantt_tiles, default=3,
-                   help="tiles shown in --gantt, at most the run's tiles, or 'all' (default 3)")
+    c.add_argument("--gantt-tiles", type=gantt_tiles, default=None,
+                   help=f"tiles shown in --gantt, at most the run's tiles, or 'all' (default {GANTT_TILES})")
     c.set_defaults(fn=cmd_compare)
 
     x = sub.add_parser("explain", help="where each variant's time goes: utilisation, critical path, waits, bound")
@@ -384,15 +659,16 @@ def build_parser() -> argparse.ArgumentParser:
     x.set_defaults(fn=cmd_explain)
 
     r = sub.add_parser("run", help="simulate one decode variant")
-    r.add_argument("--variant", required=True, choices=list(VARIANTS))
+    r.add_argument("--variant", required=True, choices=list(VARIANTS),
+                   help="the decode variant to simulate: " + "; ".join(about(v) for v in VARIANTS))
     _sim_options(r)
     r.add_argument("--oplog", type=Path, help="write the op_log CSV to this .csv file")
     r.add_argument("--npz", type=Path, help="write inputs q, k, v and final m, l, O to this .npz file (data mode)")
     r.add_argument("--trace", type=Path, help="write a Perfetto/Chrome-trace JSON to this .json file")
     r.add_argument("--gantt", type=Path, help="write a Gantt of the first tiles to this .png file (utilisation "
                                               "over time when they hold more stages than the image has pixels)")
-    r.add_argument("--gantt-tiles", type=gantt_tiles, default=3,
-                   help="tiles shown in --gantt, at most the run's tiles, or 'all' (default 3)")
+    r.add_argument("--gantt-tiles", type=gantt_tiles, default=None,
+                   help=f"tiles shown in --gantt, at most the run's tiles, or 'all' (default {GANTT_TILES})")
     r.set_defaults(fn=cmd_run)
 
     g = sub.add_parser("golden", help="check or rewrite the golden op_logs in data/golden/")
@@ -420,6 +696,7 @@ def main(argv: list[str] | None = None) -> int:
             lines, for a malformed argument (and 0 for ``--help``).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    args: argparse.Namespace | None = None
     try:
         if argv[:1] == ["bench"]:
             from .bench import main as bench_main
@@ -427,6 +704,9 @@ def main(argv: list[str] | None = None) -> int:
             return bench_main(argv[1:])
         args = build_parser().parse_args(argv)
         return args.fn(args)
+    except TcmOverflowError as exc:
+        print(f"kbwork: error: {exc}{_tcm_hint(args)}", file=sys.stderr)
+        return 2
     except KbworkError as exc:
         print(f"kbwork: error: {exc}", file=sys.stderr)
         return 2

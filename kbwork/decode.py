@@ -215,18 +215,27 @@ class DecodeRun:
 
     @property
     def op_log(self) -> pd.DataFrame:
+        """Every executed stage, one row each (DESIGN.md §6): ``seq, cmd, iter, label, stage, engine,
+        op_kind, phase, tile, k_tile, tensor, bytes, ready, start, end``, cycles as ints.
+
+        Built on first access and kept; the same run gives the same frame every time. ``analysis``
+        and ``plots`` take it.
+        """
         return self.run.op_log
 
     @property
     def cycles(self) -> int:
+        """End-to-end cycles: the end of the run's last stage (``topology.cycles_to_us`` gives µs)."""
         return self.run.cycles
 
     @property
     def topology(self) -> Topology:
+        """The :class:`~kbwork.Topology` the run was simulated on, every override applied."""
         return self.run.topology
 
     @property
     def n_tiles(self) -> int:
+        """KV tiles in the run: ``kv_len // tile``."""
         return self.params["kv_len"] // self.params["tile"]
 
     @property
@@ -266,9 +275,33 @@ class DecodeRun:
         return _max_abs(self.O, self.reference)
 
     def to_csv(self, path: str | Path | None = None) -> str:
+        """The op_log as canonical CSV (columns in order, no index, ``\\n`` line ends): byte-identical for
+        the same run.
+
+        Args:
+            path: also write it there, atomically (an existing file is replaced whole or kept as it was).
+
+        Returns:
+            The CSV text.
+
+        Raises:
+            FileError: ``path`` cannot be written (an OSError too).
+        """
         return self.run.to_csv(path)
 
     def to_perfetto(self, path: str | Path | None = None) -> dict:
+        """The op_log as a Chrome-trace / Perfetto JSON: one track per engine unit, µs at the topology's
+        clock, the critical path drawn as flow events (open it in https://ui.perfetto.dev).
+
+        Args:
+            path: also write it there as JSON, atomically.
+
+        Returns:
+            The trace as a dict.
+
+        Raises:
+            FileError: ``path`` cannot be written (an OSError too).
+        """
         return self.run.to_perfetto(path)
 
     def to_npz(self, path: str | Path) -> Path:
@@ -296,10 +329,17 @@ def run(variant: str, *, kv_len: int = 4096, group: int = 8, head_dim: int = 128
         dtype: str = "bf16", mode: str = "data", topology: Topology | str | None = None, seed: int = 0,
         q: np.ndarray | None = None, k: np.ndarray | None = None, v: np.ndarray | None = None,
         steady_state: bool = True, **overrides: Any) -> DecodeRun:
-    """Simulate one decode variant.
+    """Simulate one decode variant (DESIGN.md §7).
+
+    >>> from kbwork import decode
+    >>> r = decode.run("opt2", kv_len=4096)               # data mode: the numbers too
+    >>> r.cycles, r.dispatch_per_tile.iloc[0], r.error     # end to end, per tile, max |O - float64 ref|
+    >>> t = decode.run("a1", kv_len=1 << 20, mode="timing", fixed_cycles=0)   # a schedule only, 1M tokens
 
     Args:
-        variant: ``"opt2"`` or ``"opt3"``.
+        variant: a name in :data:`VARIANTS`: ``"opt2"`` (2 commands per tile: the softmax merge fused as a
+            recipe prologue of P·V), ``"opt3"`` (10: the merge as eight MATH commands, then P·V) or
+            ``"a1"`` (3: the merge recipe as a MATH-only command, then P·V; ADR-0065's rejected A1).
         kv_len, group, head_dim, tile: N, G, d and T. ``kv_len`` must be a multiple of ``tile``.
         dtype: storage dtype of q, k, v (``"bf16"``, ``"fp16"``, ``"fp32"``).
         mode: ``"data"`` (numbers) or ``"timing"`` (schedule only).
@@ -420,10 +460,14 @@ class Comparison:
 
     @property
     def variants(self) -> tuple[str, ...]:
+        """The variants compared, in the order asked for (the order of every per-variant field)."""
         return tuple(self.runs)
 
     @property
     def params(self) -> dict[str, Any]:
+        """What was run, the same for every variant (:attr:`DecodeRun.params`): ``kv_len``, ``group``,
+        ``head_dim``, ``tile``, ``dtype``, ``mode``, ``seed``, ``fixed_cycles``, ``r_cycles_per_byte``,
+        ``hazard_policy`` and the topology's name."""
         return next(iter(self.runs.values())).params
 
     @property
@@ -468,6 +512,9 @@ class Comparison:
 
     @property
     def closed_form_gate(self) -> bool | None:
+        """:attr:`gate` on the closed-form per-tile dispatch (``FIXED + ceil(R x bytes)`` per command, no
+        simulation): ``opt3 > 2 x opt2``; ``None`` unless both were run. It agrees with :attr:`gate`, since
+        the simulated dispatch matches its closed form exactly."""
         return analysis.gate(self.closed_form["opt3"], self.closed_form["opt2"]) if self.has_gate else None
 
     @property
@@ -651,13 +698,23 @@ def sweep(*, variants: tuple[str, ...] = DEFAULT_VARIANTS, progress: bool = True
     order; small sweeps always run here), or on a Dask cluster when ``client``
     is a ``distributed.Client`` or a scheduler address (:mod:`kbwork.parallel`);
     the DataFrame is the same, rows in the same order, either way. ``progress``
-    shows a ``tqdm`` bar (a widget in Jupyter).
+    shows a ``tqdm`` bar (a widget in Jupyter). A point that fails on another
+    process raises here the same error class with the same message.
 
     ``out`` (a ``.csv`` path) receives the rows as points finish, each with its
-    ``point`` index, so a long sweep can be stopped and continued: with
-    ``resume=True`` the points already in the file are not run again (the file
-    must come from the same axes and variants). When the sweep completes the
-    file is rewritten in point order.
+    ``point`` index, so a long sweep can be stopped and continued with
+    ``resume=True``: the rows already in the file are not run again. Beside it,
+    ``<out>.meta.json`` records everything that decides the rows (the axes and
+    their values, the variants, the topology's content, the mode, the columns
+    and :data:`SWEEP_SCHEMA`), written before the first row; a resume under
+    anything else is refused with a message saying what differs. The one
+    exception: more variants than the file records extend it (its rows stay,
+    the new variants' rows are added). Every row read back is checked (types,
+    ranges, point index, the point's axis values); a damaged file is refused,
+    naming the line. At every moment the file holds every finished row and no
+    torn one: rows are appended whole, and a rewrite (dropping a torn last
+    line, putting the finished sweep in point order) goes to a file beside it
+    that then replaces it.
 
     ``attribution=True`` adds where each run's time went: its critical-path
     cycles by engine (``path_PE_CPU``, ..., every DMA channel summed into
@@ -674,10 +731,11 @@ def sweep(*, variants: tuple[str, ...] = DEFAULT_VARIANTS, progress: bool = True
     Raises:
         ValidationError: an unknown axis, an axis without values, a value of
             the wrong type for its axis (the error names the axis), an unknown
-            variant or mode, a bad ``out`` (or one that exists without
-            ``resume=True``, or that holds another sweep); checked before the
-            first point is simulated.
+            variant or mode, a bad ``client``, a bad ``out`` (or one that exists
+            without ``resume=True``, that another sweep wrote, or that is
+            damaged); checked before the first point is simulated.
         ConfigError: a bad topology, or a topology value out of range.
+        Any error of :func:`run` at a point, with its class and message.
     """
     import itertools
 
@@ -695,41 +753,47 @@ def sweep(*, variants: tuple[str, ...] = DEFAULT_VARIANTS, progress: bool = True
         raise ValidationError(f"sweep: variants is empty; give one or more of {', '.join(VARIANTS)}.")
     _check_mode(mode, where="sweep")
     names = list(axes)
-    values = [list(v) if isinstance(v, (list, tuple, range, np.ndarray)) else [v] for v in axes.values()]
+    values = [[v.item() if isinstance(v, np.generic) else v for v in
+               (list(v) if isinstance(v, (list, tuple, range, np.ndarray)) else [v])] for v in axes.values()]
     base = load_topology(topology)
     for name, vals in zip(names, values):  # every value checked before the first point runs
         if not vals:
             raise ValidationError(f"sweep: axis {name!r} has no values; give at least one.")
         for val in vals:
             _check_axis_value(name, val, base)
-    points = [{n: (v.item() if isinstance(v, np.generic) else v) for n, v in zip(names, point)}
-              for point in itertools.product(*values)]
+    points = [dict(zip(names, point)) for point in itertools.product(*values)]
     for point in points:  # e.g. a kv_len that is not a multiple of some tile: fail now, not half-way
         sizes = {n: point.get(n, DEFAULTS[n]) for n in _SIZE_AXES}
         _check_sizes(where="sweep", **sizes)
         if mode == "data":
             _check_data_bytes(sizes["kv_len"], sizes["group"], sizes["head_dim"], where="sweep")
     metrics = _SweepLog.METRICS + (analysis.PATH_COLUMNS if attribution else ())
-    log = _SweepLog(out, names, variants, points, resume, metrics) if out is not None else None
-    todo = [i for i in range(len(points)) if log is None or i not in log.done]
-    tasks = [(points[i], variants, mode, base, attribution) for i in todo]
-    rows_of: dict[int, list[dict]] = dict(log.done) if log is not None else {}
+    with parallel.connected(client) as dask_client:  # a bad client is refused before the file is touched
+        log = None
+        if out is not None:
+            meta = _sweep_meta(names, values, variants, mode, base, metrics)
+            log = _SweepLog(out, names, variants, points, resume, metrics, meta, base)
+        rows_of: dict[int, dict[str, dict]] = {i: dict(rows) for i, rows in (log.done.items() if log else ())}
+        todo = [(i, [v for v in variants if v not in rows_of.get(i, {})]) for i in range(len(points))]
+        todo = [(i, missing) for i, missing in todo if missing]
+        tasks = [(points[i], tuple(missing), mode, base, attribution) for i, missing in todo]
 
-    def finished(k: int, rows: list[dict]) -> None:
-        rows_of[todo[k]] = rows
-        if log is not None:
-            log.append(todo[k], rows)
+        def finished(k: int, rows: list[dict]) -> None:
+            i = todo[k][0]
+            rows_of.setdefault(i, {}).update((row["variant"], row) for row in rows)
+            if log is not None:
+                log.append(i, rows)
 
-    parallel.map_tasks(_sweep_point, tasks, client=client, workers=workers,
-                       progress=progress and len(tasks) * len(variants) > 4, desc="sweep", unit="point",
-                       on_result=finished)
+        parallel.map_tasks(_sweep_point, tasks, client=dask_client, workers=workers,
+                           progress=progress and sum(len(m) for _, m in todo) > 4, desc="sweep", unit="point",
+                           on_result=finished)
     if log is not None:
-        log.rewrite(rows_of)
-    return pd.DataFrame([row for i in range(len(points)) for row in rows_of[i]])
+        log.rewrite(rows_of, variants)
+    return pd.DataFrame([rows_of[i][v] for i in range(len(points)) for v in variants])
 
 
 def _sweep_point(task: tuple) -> list[dict]:
-    """Every variant at one sweep point: the rows :func:`sweep` returns for it (runs in a worker)."""
+    """The given variants at one sweep point: the rows :func:`sweep` returns for it (runs in a worker)."""
     point, variants, mode, topology, attribution = task
     rows = []
     for variant in variants:
@@ -744,52 +808,258 @@ def _sweep_point(task: tuple) -> list[dict]:
     return rows
 
 
+#: The version of what a sweep row means. It is recorded in every sweep file's ``.meta.json`` and a file
+#: of another version is not resumed; raise it whenever a change to kbwork changes the rows a sweep
+#: produces for the same settings (a cost model, a column's meaning).
+SWEEP_SCHEMA = 1
+
+
+def _json_value(x: Any) -> Any:
+    """``x`` as it reads back from JSON (tuples become lists, numpy scalars Python numbers)."""
+    import json
+
+    return json.loads(json.dumps(x, default=lambda o: o.item() if isinstance(o, np.generic) else str(o)))
+
+
+def _sweep_meta(names: list[str], values: list[list], variants: tuple[str, ...], mode: str, base: Topology,
+                metrics: tuple[str, ...]) -> dict[str, Any]:
+    """Everything that decides a sweep's rows, as plain JSON values (the ``.meta.json`` sidecar)."""
+    from . import __version__
+
+    return _json_value({"what": "kbwork.decode.sweep", "schema": SWEEP_SCHEMA, "kbwork": __version__,
+                        "mode": mode, "axes": [[n, vals] for n, vals in zip(names, values)],
+                        "variants": list(variants), "columns": list(metrics), "topology": base.to_dict()})
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Equal by value: ``0 == 0.0`` (an axis may mix ints and floats), but never a number and a string."""
+    num = (int, float)
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if isinstance(a, num) and isinstance(b, num):
+        return a == b
+    return type(a) is type(b) and a == b
+
+
+def _same_values(a: Any, b: Any) -> bool:
+    return isinstance(a, list) and isinstance(b, list) and len(a) == len(b) and all(map(_same_value, a, b))
+
+
+def _meta_differences(recorded: dict[str, Any], meta: dict[str, Any]) -> list[str]:
+    """How the recorded sweep differs from this one, in words (empty: it may be resumed).
+
+    A recorded variant list that this sweep's contains is no difference (the file is extended); the
+    topology's name and the values of keys that an axis sets at every point are not compared either: they
+    decide no row.
+    """
+    diffs = []
+    if recorded.get("schema") != meta["schema"]:
+        diffs.append(f"it holds results of sweep schema {recorded.get('schema')!r} (kbwork "
+                     f"{recorded.get('kbwork', '?')}), this kbwork's is {meta['schema']}, whose rows differ")
+    if recorded.get("mode") != meta["mode"]:
+        diffs.append(f"mode {recorded.get('mode')!r} there, {meta['mode']!r} here")
+    rec_axes, axes = recorded.get("axes"), meta["axes"]
+    rec_names = [a[0] for a in rec_axes] if isinstance(rec_axes, list) and all(
+        isinstance(a, list) and len(a) == 2 for a in rec_axes) else None
+    names = [a[0] for a in axes]
+    if rec_names != names:
+        shown = f"({', '.join(map(str, rec_names))})" if rec_names else repr(rec_axes)
+        diffs.append(f"axes {shown} there, ({', '.join(names)}) here")
+    else:
+        for (name, was), (_, now) in zip(rec_axes, axes):
+            if not _same_values(was, now):
+                diffs.append(f"axis {name!r} is {was} there, {now} here")
+    rec_variants = recorded.get("variants")
+    if not isinstance(rec_variants, list) or not set(rec_variants) <= set(meta["variants"]):
+        missing = [v for v in rec_variants if v not in meta["variants"]] if isinstance(rec_variants, list) else []
+        diffs.append(f"variants {', '.join(map(str, rec_variants)) if isinstance(rec_variants, list) else rec_variants}"
+                     f" there, {', '.join(meta['variants'])} here"
+                     + (f" (without {', '.join(missing)}: a resume keeps every recorded variant and may add more)"
+                        if missing else ""))
+    if recorded.get("columns") != meta["columns"]:
+        def paths(columns: Any) -> bool:
+            return isinstance(columns, list) and any(str(c).startswith("path_") for c in columns)
+
+        was, now = paths(recorded.get("columns")), paths(meta["columns"])
+        diffs.append(f"attribution={was} there, {now} here (the critical-path columns)" if was != now else
+                     f"columns {recorded.get('columns')} there, {meta['columns']} here")
+    rec_topo, topo = recorded.get("topology"), meta["topology"]
+    if not isinstance(rec_topo, dict):
+        diffs.append("the file records no topology")
+    else:
+        swept = set(names)
+        for key in sorted(set(rec_topo) | set(topo)):
+            if key == "name" or key in swept:
+                continue
+            if key not in rec_topo or key not in topo or not _same_value(rec_topo[key], topo[key]):
+                diffs.append(f"topology {key} is {rec_topo.get(key, '(absent)')} there, {topo.get(key, '(absent)')} "
+                             f"here")
+    return diffs
+
+
 class _SweepLog:
-    """A sweep's rows on disk as they finish (``point`` first), so the sweep can resume from the file."""
+    """A sweep's rows on disk as they finish (``point`` first), so the sweep can resume from the file.
+
+    The sidecar ``<path>.meta.json`` records what decides the rows (:func:`_sweep_meta`). ``done`` maps
+    each point index to its rows already in the file, by variant.
+    """
 
     METRICS = ("variant", "cycles", "us", "dispatch_per_tile", "dispatch_total", "commands", "stages", "n_tiles")
 
     def __init__(self, path: str | Path, names: list[str], variants: tuple[str, ...], points: list[dict],
-                 resume: bool, metrics: tuple[str, ...] = METRICS):
-        from . import atomic
-
+                 resume: bool, metrics: tuple[str, ...], meta: dict[str, Any], topology: Topology):
         self.path = Path(atomic.check_output_path(path, suffix=".csv", what="sweep out"))
+        self.meta_path = Path(f"{self.path}.meta.json")
+        atomic.check_output_path(self.meta_path, suffix=".json", what="sweep out's record")
         self.metrics = tuple(metrics)
         self.columns = ["point", *names, *self.metrics]
-        self.done: dict[int, list[dict]] = {}
+        self.header = ",".join(self.columns) + "\n"
+        self.done: dict[int, dict[str, dict]] = {}
         if self.path.exists() and self.path.stat().st_size:
             if not resume:
                 raise ValidationError(f"sweep: {str(self.path)!r} exists; pass resume=True to continue that sweep, "
                                       f"or remove the file to start afresh.")
-            self._read(names, variants, points)
-            self.rewrite(self.done)  # without the rows of points cut short, which run again
+            recorded = self._read_meta()
+            diffs = _meta_differences(recorded, meta)
+            if diffs:
+                raise ValidationError(f"sweep: cannot resume from {str(self.path)!r}: another sweep wrote it "
+                                      f"(recorded in {self.meta_path.name}): {'; '.join(diffs)}. Resume with the "
+                                      f"same settings, or write to another file.")
+            torn = self._read(names, variants, points, topology)
+            if recorded["variants"] != meta["variants"]:  # more variants: the record says so before any new row
+                self._write_meta(meta)
+            if torn:  # drop the torn last line (and nothing else) before appending after it
+                atomic.write_text(self.path, self.header + "".join(
+                    self._rows_csv(list(self.done[i].values()), i) for i in sorted(self.done)))
         else:
-            self.path.write_text(",".join(self.columns) + "\n")
+            self._write_meta(meta)
+            atomic.write_text(self.path, self.header)
 
-    def _read(self, names: list[str], variants: tuple[str, ...], points: list[dict]) -> None:
-        import io
+    def _write_meta(self, meta: dict[str, Any]) -> None:
+        import json
 
-        text = self.path.read_text()
-        if not text.endswith("\n"):  # a write cut short: drop the torn last line
-            text = text[:text.rfind("\n") + 1]
+        atomic.write_text(self.meta_path, json.dumps(meta, indent=1) + "\n")
+
+    def _refuse(self, why: str) -> ValidationError:
+        return ValidationError(f"sweep: cannot resume from {str(self.path)!r}: {why}")
+
+    def _read_meta(self) -> dict[str, Any]:
+        import json
+
         try:
-            df = pd.read_csv(io.StringIO(text), keep_default_na=False)
-        except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as exc:
-            raise ValidationError(f"sweep: cannot resume from {str(self.path)!r}: it is not a sweep file ({exc}).") \
+            text = self.meta_path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise self._refuse(f"there is no {self.meta_path.name} beside it recording what decided its rows "
+                               f"(a file written by hand or by an older kbwork); it cannot be checked, so write to "
+                               f"another file or remove it to start afresh.") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise self._refuse(f"cannot read its record {self.meta_path.name} ({exc}); write to another file.") \
                 from None
-        if list(df.columns) != self.columns:
-            raise ValidationError(f"sweep: cannot resume from {str(self.path)!r}: its columns {list(df.columns)} are "
-                                  f"not this sweep's {self.columns}; write to another file.")
-        for point, group in df.groupby("point", sort=True):
-            i = int(point)
-            if not 0 <= i < len(points) or list(group["variant"]) != list(variants):
-                continue  # a point cut short (or from another sweep): run it again
-            rows = group.drop(columns="point").to_dict(orient="records")
-            want = points[i]
-            if any(str(rows[0][n]) != str(want[n]) for n in names):
-                raise ValidationError(f"sweep: cannot resume from {str(self.path)!r}: its point {i} is "
-                                      f"{ {n: rows[0][n] for n in names} }, this sweep's is {want}; the axes differ.")
-            self.done[i] = [{**want, **{k: r[k] for k in self.metrics}} for r in rows]
+        try:
+            recorded = json.loads(text)
+        except ValueError as exc:
+            raise self._refuse(f"its record {self.meta_path.name} is not valid JSON ({exc}); write to another "
+                               f"file.") from None
+        if not isinstance(recorded, dict) or recorded.get("what") != "kbwork.decode.sweep" \
+                or not isinstance(recorded.get("variants"), list):
+            raise self._refuse(f"{self.meta_path.name} is not a kbwork sweep record; write to another file.")
+        return recorded
+
+    def _read(self, names: list[str], variants: tuple[str, ...], points: list[dict], topology: Topology) -> bool:
+        """Read and check every row into :attr:`done`; return whether the last line was torn (and dropped).
+
+        Raises:
+            ValidationError: the file is not UTF-8, its header is not this sweep's, or a row is damaged
+                (naming the line, the column and the value).
+        """
+        import csv
+
+        raw = self.path.read_bytes()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise self._refuse(f"it is not UTF-8 text (byte {exc.start} is {raw[exc.start]:#04x}), so not a sweep "
+                               f"file kbwork wrote; write to another file.") from None
+        lines = text.split("\n")
+        torn = lines.pop() != ""  # text after the last newline: a write cut short
+        if not lines or lines[0] + "\n" != self.header:
+            got = lines[0] if lines else text
+            raise self._refuse(f"its columns {got[:200]!r} are not this sweep's {','.join(self.columns)!r}; "
+                               f"write to another file.")
+        first_line: dict[tuple[int, str], int] = {}
+        for number, line in enumerate(lines[1:], start=2):
+            (fields,) = list(csv.reader([line])) or [[]]
+            if len(fields) != len(self.columns):
+                raise self._refuse(f"line {number} has {len(fields)} fields, not {len(self.columns)}: {line[:120]!r}; "
+                                   f"the file is damaged. Remove that line (its point then runs again) or write to "
+                                   f"another file.")
+            row = self._check_row(dict(zip(self.columns, fields)), number, names, variants, points, topology)
+            key = (row["point"], row["variant"])
+            if key in first_line:
+                raise self._refuse(f"line {number} repeats point {key[0]}'s {key[1]} row of line {first_line[key]}; "
+                                   f"the file is damaged. Remove one of them or write to another file.")
+            first_line[key] = number
+            i = row.pop("point")
+            self.done.setdefault(i, {})[row["variant"]] = {**points[i], **row}
+        return torn
+
+    _INT_METRICS = ("cycles", "dispatch_per_tile", "dispatch_total", "commands", "stages", "n_tiles")
+
+    def _check_row(self, fields: dict[str, str], number: int, names: list[str], variants: tuple[str, ...],
+                   points: list[dict], topology: Topology) -> dict[str, Any]:
+        """One row's metrics, typed, with its ``point``; a ValidationError naming what is wrong otherwise."""
+        def bad(column: str, want: str) -> ValidationError:
+            return self._refuse(f"line {number}: {column} is {fields[column]!r}, not {want}; the file is damaged. "
+                                f"Remove that line (its point then runs again) or write to another file.")
+
+        def whole(column: str, least: int = 0) -> int:
+            text = fields[column]
+            if not (text.isascii() and text.isdigit()) or int(text) < least:
+                raise bad(column, f"a whole number >= {least}")
+            return int(text)
+
+        i = whole("point")
+        if i >= len(points):
+            raise bad("point", f"a point index of this sweep (0 to {len(points) - 1})")
+        for name in names:
+            want = points[i][name]
+            text = fields[name]
+            if isinstance(want, str):
+                ok = text == want
+            else:
+                try:
+                    got: Any = int(text) if text.lstrip("-").isdigit() else float(text)
+                except ValueError:
+                    ok = False
+                else:
+                    ok = _same_value(got, want)
+            if not ok:
+                raise bad(name, f"point {i}'s {name} {want!r}")
+        if fields["variant"] not in variants:
+            raise bad("variant", f"one of this sweep's variants ({', '.join(variants)})")
+        row: dict[str, Any] = {"point": i, "variant": fields["variant"]}
+        for column in self._INT_METRICS:
+            row[column] = whole(column, 1 if column in ("cycles", "commands", "stages", "n_tiles") else 0)
+        try:
+            us = float(fields["us"])
+        except ValueError:
+            raise bad("us", "a number of microseconds") from None
+        if not math.isclose(us, topology.cycles_to_us(row["cycles"]), rel_tol=1e-9):
+            raise bad("us", f"cycles {row['cycles']} in microseconds ({topology.cycles_to_us(row['cycles'])!r})")
+        row["us"] = us
+        sizes = {n: points[i].get(n, DEFAULTS[n]) for n in ("kv_len", "tile")}
+        if row["n_tiles"] != sizes["kv_len"] // sizes["tile"]:
+            raise bad("n_tiles", f"point {i}'s kv_len / tile = {sizes['kv_len'] // sizes['tile']}")
+        paths = [c for c in self.metrics if c.startswith("path_")]
+        for column in paths:
+            row[column] = whole(column)
+        if paths:
+            for group in ([c for c in paths if c.startswith("path_PE_")], [c for c in paths if not
+                                                                            c.startswith("path_PE_")]):
+                if sum(row[c] for c in group) != row["cycles"]:
+                    raise bad(group[0], f"part of critical-path columns that add up to cycles {row['cycles']} "
+                                        f"(these add up to {sum(row[c] for c in group)})")
+        return {c: row[c] for c in ("point", *self.metrics)}
 
     def _rows_csv(self, rows: list[dict], point: int) -> str:
         import io
@@ -800,13 +1070,34 @@ class _SweepLog:
         return buf.getvalue()
 
     def append(self, point: int, rows: list[dict]) -> None:
-        """Add one finished point's rows to the file."""
-        with open(self.path, "a", newline="") as f:
-            f.write(self._rows_csv(rows, point))
+        """Add one finished point's rows to the file, whole: one write, undone if the system cuts it short.
 
-    def rewrite(self, rows_of: dict[int, list[dict]]) -> None:
-        """Replace the file (atomically) by the header and ``rows_of`` in point order."""
-        from . import atomic
+        Raises:
+            FileError: the rows could not be written (the file is as it was).
+        """
+        import errno
+        import os
 
-        atomic.write_text(self.path, ",".join(self.columns) + "\n"
-                          + "".join(self._rows_csv(rows_of[i], i) for i in sorted(rows_of)))
+        from .errors import FileError
+
+        data = self._rows_csv(rows, point).encode("utf-8")
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        try:
+            size = os.fstat(fd).st_size
+            try:
+                written = os.write(fd, data)
+            except OSError as exc:
+                os.ftruncate(fd, size)
+                raise FileError(exc.errno, exc.strerror or str(exc), str(self.path)) from None
+            if written != len(data):  # a full disk or a size limit: no torn row stays behind
+                os.ftruncate(fd, size)
+                raise FileError(errno.ENOSPC, f"only {written} of {len(data)} bytes of point {point}'s rows could "
+                                              f"be written", str(self.path))
+        finally:
+            os.close(fd)
+
+    def rewrite(self, rows_of: dict[int, dict[str, dict]], variants: tuple[str, ...]) -> None:
+        """Replace the file (atomically) by the header and every row, in point order, each point's variants
+        in ``variants`` order."""
+        atomic.write_text(self.path, self.header + "".join(
+            self._rows_csv([rows_of[i][v] for v in variants if v in rows_of[i]], i) for i in sorted(rows_of)))

@@ -46,6 +46,40 @@ def _fmt(ratio: float | None) -> str:
     return "undefined" if ratio is None else f"{ratio:.3f}"
 
 
+def _whole_cycles(v: Any) -> int:
+    """FIXED as the int of cycles the panel simulates and shows: a whole number >= 0, else a ValidationError.
+
+    ``40``, ``np.int64(40)``, ``40.0`` and ``Fraction(80, 2)`` are 40; ``40.7``, ``-0.5``, NaN and infinities
+    are refused rather than rounded, so the panel never shows one FIXED and simulates another.
+    """
+    def refuse(why: str) -> ValidationError:
+        return ValidationError(f"CalibrationPanel.update: FIXED (fixed=, the topology's fixed_cycles) is a whole "
+                               f"number of cycles >= 0; {why}. E.g. fixed=40.")
+
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
+        raise refuse(f"got {v!r} ({type(v).__name__})")
+    if isinstance(v, numbers.Integral):
+        n = int(v)
+    else:
+        try:
+            whole = float(v).is_integer() if not isinstance(v, numbers.Rational) else v.denominator == 1
+        except (OverflowError, ValueError):
+            whole = False
+        if not whole:
+            raise refuse(f"got {v!r}, which is not a whole number")
+        n = int(v)
+    if n < 0:
+        raise refuse(f"got {v!r}")
+    return n
+
+
+def _exact(x: float) -> str:
+    """``x`` as short as it prints (``0.0625``, ``0``) when that is exactly ``x``, else in full: the panel
+    shows the value it simulated, not a rounded one."""
+    short = f"{float(x):g}"
+    return short if float(short) == float(x) else repr(float(x))
+
+
 class GanttRows:
     """A Gantt chart on one Axes whose bars are replaced in place.
 
@@ -183,10 +217,10 @@ class CalibrationPanel:
             v = values[name]
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0:
                 raise ValidationError(f"CalibrationPanel.update: {name} must be a positive int, got {v!r}.")
-        for name in ("fixed", "r"):
-            v = values[name]
-            if isinstance(v, bool) or not isinstance(v, numbers.Real):
-                raise ValidationError(f"CalibrationPanel.update: {name} must be a number, got {v!r}.")
+        values["fixed"] = _whole_cycles(values["fixed"])
+        v = values["r"]
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
+            raise ValidationError(f"CalibrationPanel.update: r must be a number, got {v!r}.")
         if values["kv_len"] % values["tile"]:
             values["kv_len"] = max(values["tile"], values["kv_len"] // values["tile"] * values["tile"])
         return values
@@ -205,9 +239,11 @@ class CalibrationPanel:
 
         Raises:
             ValidationError / ConfigError / TcmOverflowError: an unknown
-                control, a nonsensical value, or a setting that cannot be
-                simulated. The panel then shows the message and keeps the last
-                setting that could be simulated (:attr:`error`).
+                control, a nonsensical value (FIXED is a whole number of cycles
+                >= 0: ``40.7``, ``-0.5`` and NaN are refused, never rounded), or
+                a setting that cannot be simulated. The panel then shows the
+                message and keeps the last setting that could be simulated
+                (:attr:`error`).
         """
         with self._lock:
             state = self._update(changes)
@@ -224,7 +260,7 @@ class CalibrationPanel:
                 t0 = time.perf_counter()
                 cmp = decode.compare(kv_len=int(values["kv_len"]), tile=int(values["tile"]),
                                      group=int(values["group"]), mode="timing", variants=self.variants,
-                                     fixed_cycles=int(values["fixed"]), r_cycles_per_byte=float(values["r"]))
+                                     fixed_cycles=values["fixed"], r_cycles_per_byte=float(values["r"]))
                 simulated = time.perf_counter() - t0
             except KbworkError as exc:
                 self.error = f"{type(exc).__name__}: {exc}"
@@ -315,7 +351,7 @@ class CalibrationPanel:
     def setting_text(self) -> str:
         """The control values last simulated, in words."""
         v = self.values
-        return (f"FIXED {v['fixed']} cycles, R {float(v['r']):.4g} cycles/byte, tile {v['tile']}, "
+        return (f"FIXED {v['fixed']} cycles, R {_exact(v['r'])} cycles/byte, tile {v['tile']}, "
                 f"kv length {v['kv_len']}, group {v['group']}")
 
     def summary_html(self) -> str:

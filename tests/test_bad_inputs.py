@@ -260,6 +260,13 @@ DECODE_CASES = [
     pytest.param(_sweep(kv_len=[256], mode="fast"), ValidationError, r"sweep: mode 'fast'", id="sweep-mode"),
     pytest.param(_sweep(kv_len=[256], seqlen=[1]), ValidationError, r"unknown axis seqlen", id="sweep-unknown-axis"),
     pytest.param(_sweep(kv_len=[256], topology=123), ConfigError, r"\(a int\)", id="sweep-topology"),
+    pytest.param(_sweep(kv_len=[256], client="not an address"), ValidationError,
+                 r"client='not an address' is not a Dask scheduler address \(missing port number.*tcp://",
+                 id="sweep-client-not-an-address"),
+    pytest.param(_sweep(kv_len=[256], client="tcp://localhost"), ValidationError,
+                 r"client='tcp://localhost' is not a Dask scheduler address", id="sweep-client-no-port"),
+    pytest.param(_sweep(kv_len=[256], client=3.5), ValidationError, r"client must be a distributed\.Client or a "
+                 r"scheduler address string, got 3\.5", id="sweep-client-float"),
 ]
 
 
@@ -268,6 +275,11 @@ def test_bad_decode_argument(action, exc_type, pattern, monkeypatch):
     # every check happens before anything is simulated
     monkeypatch.setattr(decode.Simulator, "run", lambda *a, **k: pytest.fail("simulated before checking"))
     _raises(action, exc_type, pattern)
+
+
+def test_a_bad_client_is_refused_before_the_out_file_is_written(tmp_path):
+    _raises(_sweep(kv_len=[256], client="not an address", out=tmp_path / "s.csv"), ValidationError, "not a Dask")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_sweep_checks_every_point_before_the_first_runs(monkeypatch):
@@ -288,6 +300,189 @@ def test_good_seeds_and_sizes_still_work():
 def test_to_npz_of_a_timing_run():
     r = decode.run("opt2", kv_len=256, mode="timing")
     _raises(lambda: r.to_npz("x.npz"), ValidationError, r"timing-mode run has no numbers.*mode='data'")
+
+
+# --- analysis.what_if ---------------------------------------------------------------------------------
+WHAT_IF_CASES = [
+    pytest.param(dict(speedup=2**70), r"speedup=1180591620717411303424 is out of range; pass a real number from "
+                 r"0\.001 to 1e\+06", id="speedup-2**70"),
+    pytest.param(dict(speedup=7e-15), r"speedup=7e-15 is out of range", id="speedup-7e-15"),
+    pytest.param(dict(speedup=1e-300), r"speedup=1e-300 is out of range", id="speedup-1e-300"),
+    pytest.param(dict(speedup=0), r"speedup=0 is not positive", id="speedup-zero"),
+    pytest.param(dict(speedup=-2), r"speedup=-2 is not positive", id="speedup-negative"),
+    pytest.param(dict(speedup=float("nan")), r"speedup=nan is not finite", id="speedup-nan"),
+    pytest.param(dict(speedup=np.float32("inf")), r"speedup=np\.float32\(inf\) is not finite", id="speedup-inf32"),
+    pytest.param(dict(speedup="2"), r"speedup='2' is a str, not a real number", id="speedup-string"),
+    pytest.param(dict(speedup=None), r"speedup=None is a NoneType", id="speedup-none"),
+    pytest.param(dict(speedup=True), r"speedup=True is a bool", id="speedup-bool"),
+    pytest.param(dict(speedup=2 + 0j), r"speedup=\(2\+0j\) is a complex", id="speedup-complex"),
+    pytest.param(dict(engine=5), r"engine=5; pass an engine name \(PE_CPU, .*\), a non-empty list", id="engine-int"),
+    pytest.param(dict(engine=[5]), r"unknown engine 5; use one of PE_CPU", id="engine-list-of-int"),
+    pytest.param(dict(engine=[]), r"engine=\[\]; pass an engine name", id="engine-empty"),
+    pytest.param(dict(engine={"PE_DMA": 1}), r"engine=\{'PE_DMA': 1\}; pass an engine name", id="engine-dict"),
+    pytest.param(dict(engine="PE_DMA1"), r"'PE_DMA1' is a channel; name its engine", id="engine-channel"),
+]
+
+
+@pytest.mark.parametrize("kwargs,pattern", WHAT_IF_CASES)
+def test_bad_what_if_argument(kwargs, pattern, monkeypatch):
+    from kbwork import analysis
+
+    monkeypatch.setattr(analysis, "_resolve_run", lambda x: pytest.fail("resolved (or ran) before checking"))
+    _raises(lambda: analysis.what_if(dict(variant="opt2", kv_len=256), **kwargs), ValidationError, pattern)
+
+
+def test_what_if_takes_every_real_number_type_exactly():
+    from decimal import Decimal
+    from fractions import Fraction
+
+    from kbwork import analysis
+
+    r = decode.run("opt2", kv_len=256, mode="timing")
+    two, half = analysis.what_if(r, speedup=2), analysis.what_if(r, speedup=1.5)
+    for same in (2.0, np.float32(2), np.float16(2), np.int64(2), np.uint8(2), Fraction(2), Decimal(2)):
+        assert analysis.what_if(r, speedup=same).equals(two), repr(same)
+    for same in (Fraction(3, 2), np.float32(1.5), Decimal("1.5")):
+        assert analysis.what_if(r, speedup=same).equals(half), repr(same)
+    # read as written: np.float32(0.1) is 1/10, not the binary float32 nearest it
+    assert analysis.what_if(r, speedup=np.float32(0.1)).equals(analysis.what_if(r, speedup=Fraction(1, 10)))
+    assert list(analysis.what_if(r, engine=np.array(["PE_DMA"])).engine) == ["PE_DMA"]
+    assert (two.cycles < two.baseline_cycles).any() and (half.cycles >= two.cycles).all()
+
+
+# --- the calibration panel ------------------------------------------------------------------------------
+PANEL_CASES = [
+    pytest.param(dict(fixed=40.7), r"FIXED .*whole number of cycles >= 0; got 40\.7, which is not a whole number",
+                 id="fixed-40.7"),
+    pytest.param(dict(fixed=-0.5), r"FIXED .*got -0\.5", id="fixed-minus-half"),
+    pytest.param(dict(fixed=-1), r"FIXED .*got -1\b", id="fixed-negative"),
+    pytest.param(dict(fixed=float("nan")), r"FIXED .*got nan", id="fixed-nan"),
+    pytest.param(dict(fixed=float("inf")), r"FIXED .*got inf", id="fixed-inf"),
+    pytest.param(dict(fixed=-float("inf")), r"FIXED .*got -inf", id="fixed-minus-inf"),
+    pytest.param(dict(fixed=np.float32(2.5)), r"FIXED .*got np\.float32\(2\.5\)", id="panel-fixed-numpy-fraction"),
+    pytest.param(dict(fixed="40"), r"FIXED .*got '40' \(str\)", id="fixed-string"),
+    pytest.param(dict(fixed=None), r"FIXED .*got None", id="fixed-none"),
+    pytest.param(dict(r="0.1"), r"r must be a number, got '0\.1'", id="r-string"),
+    pytest.param(dict(tile=0), r"tile must be a positive int, got 0", id="tile-zero"),
+    pytest.param(dict(fixd=3), r"unknown control\(s\) \['fixd'\]", id="unknown-control"),
+]
+
+
+@pytest.fixture(scope="module")
+def panel():
+    from kbwork.widgets import CalibrationPanel
+
+    return CalibrationPanel(kv_len=512, draw=False)
+
+
+@pytest.mark.parametrize("changes,pattern", PANEL_CASES)
+def test_bad_panel_setting(changes, pattern, panel):
+    before = panel.setting_text()
+    _raises(lambda: panel.update(**changes), ValidationError, pattern)
+    assert panel.setting_text() == before, "the text shows what was last simulated"
+    if "fixd" not in changes:  # from a widget: the panel shows the message, nothing is raised
+        panel._apply(changes)
+        assert re.search(pattern, panel.error) and "bug in kbwork" not in panel.error
+
+
+# --- resuming a sweep from its file ----------------------------------------------------------------------
+# Each row damages a good sweep file (kv_len 256 and 512, opt2 and opt3: a header and four rows) or its
+# .meta.json record, or resumes it under other settings; the resume must refuse, naming what is wrong,
+# before anything is simulated and without touching the file.
+RESUME_AXES = dict(kv_len=[256, 512])
+
+
+def _line(n, edit):
+    """A mutation of line ``n`` (0 is the header) of the CSV."""
+    def mutate(lines, meta):
+        lines[n] = edit(lines[n])
+        return lines, meta
+    return mutate
+
+
+def _field(n, column, value):
+    def edit(line):
+        fields = line.split(",")
+        fields[["point", "kv_len", "variant", "cycles", "us", "dispatch_per_tile", "dispatch_total", "commands",
+                "stages", "n_tiles"].index(column)] = value
+        return ",".join(fields)
+    return _line(n, edit)
+
+
+def _meta(edit):
+    def mutate(lines, meta):
+        return lines, edit(meta)
+    return mutate
+
+
+def _same(lines, meta):
+    return lines, meta
+
+
+RESUME_CASES = [
+    pytest.param(_field(2, "cycles", "banana"), {}, r"line 3: cycles is 'banana', not a whole number >= 1.*Remove "
+                 r"that line", id="cycles-banana"),
+    pytest.param(_line(3, lambda line: ",".join(line.split(",")[:6])), {}, r"line 4 has 6 fields, not 10",
+                 id="row-cut-to-6-fields"),
+    pytest.param(_field(1, "point", ""), {}, r"line 2: point is '', not a whole number", id="empty-point"),
+    pytest.param(_field(1, "point", "7"), {}, r"line 2: point is '7', not a point index of this sweep \(0 to 1\)",
+                 id="point-out-of-range"),
+    pytest.param(_field(1, "point", "-1"), {}, r"line 2: point is '-1', not a whole number", id="point-negative"),
+    pytest.param(_field(1, "cycles", "-5"), {}, r"line 2: cycles is '-5'", id="cycles-negative"),
+    pytest.param(_field(1, "cycles", "6406.5"), {}, r"line 2: cycles is '6406\.5'", id="cycles-fraction"),
+    pytest.param(_field(1, "us", "nan"), {}, r"line 2: us is 'nan', not cycles 6406 in microseconds", id="us-nan"),
+    pytest.param(_field(1, "us", "9.9"), {}, r"line 2: us is '9\.9'", id="us-not-the-cycles"),
+    pytest.param(_field(1, "kv_len", "512"), {}, r"line 2: kv_len is '512', not point 0's kv_len 256",
+                 id="axis-not-the-point"),
+    pytest.param(_field(1, "variant", "opt9"), {}, r"line 2: variant is 'opt9', not one of this sweep's variants",
+                 id="variant-unknown"),
+    pytest.param(_field(1, "n_tiles", "3"), {}, r"line 2: n_tiles is '3', not point 0's kv_len / tile = 2",
+                 id="n-tiles-wrong"),
+    pytest.param(_line(2, lambda line: line.replace("opt3", "opt2", 1)), {}, r"line 3 repeats point 0's opt2 row of "
+                 r"line 2", id="duplicate-row"),
+    pytest.param(_line(0, lambda line: line.replace("cycles", "cycle")), {}, r"its columns .* are not this sweep's",
+                 id="header-changed"),
+    pytest.param(lambda lines, meta: ([lines[0], b"\xff\xfe" + lines[1].encode(), *lines[2:]], meta), {},
+                 r"it is not UTF-8 text \(byte \d+ is 0x", id="not-utf8"),
+    pytest.param(lambda lines, meta: (lines, None), {}, r"there is no s\.csv\.meta\.json beside it", id="no-record"),
+    pytest.param(lambda lines, meta: (lines, "{not json"), {}, r"its record s\.csv\.meta\.json is not valid JSON",
+                 id="record-not-json"),
+    pytest.param(_meta(lambda m: [m]), {}, r"s\.csv\.meta\.json is not a kbwork sweep record", id="record-a-list"),
+    pytest.param(_meta(lambda m: {**m, "schema": 0}), {}, r"sweep schema 0 .* this kbwork's is 1", id="other-schema"),
+    pytest.param(_same, dict(topology=load_topology(dma_base_cycles=1000)), r"another sweep wrote it .*topology "
+                 r"dma_base_cycles is 200 there, 1000 here", id="other-topology"),
+    pytest.param(_same, dict(mode="data"), r"mode 'timing' there, 'data' here", id="other-mode"),
+    pytest.param(_same, dict(kv_len=[256, 1024]), r"axis 'kv_len' is \[256, 512\] there, \[256, 1024\] here",
+                 id="other-axis-values"),
+    pytest.param(_same, dict(tile=[128]), r"axes \(kv_len\) there, \(kv_len, tile\) here", id="other-axes"),
+    pytest.param(_same, dict(variants=("opt2",)), r"variants opt2, opt3 there, opt2 here \(without opt3",
+                 id="fewer-variants"),
+    pytest.param(_same, dict(attribution=True), r"attribution=False there, True here", id="other-attribution"),
+]
+
+
+@pytest.fixture(scope="module")
+def good_sweep(tmp_path_factory):
+    path = tmp_path_factory.mktemp("sweep") / "s.csv"
+    decode.sweep(out=path, workers=1, progress=False, **RESUME_AXES)
+    return path.read_text(), Path(f"{path}.meta.json").read_text()
+
+
+@pytest.mark.parametrize("mutate,kwargs,pattern", RESUME_CASES)
+def test_a_resume_refuses_a_damaged_or_foreign_file(mutate, kwargs, pattern, good_sweep, tmp_path, monkeypatch):
+    import json
+
+    text, meta_text = good_sweep
+    lines, meta = mutate(text.splitlines(), json.loads(meta_text))
+    path, record = tmp_path / "s.csv", tmp_path / "s.csv.meta.json"
+    path.write_bytes(b"".join((line if isinstance(line, bytes) else line.encode()) + b"\n" for line in lines))
+    if meta is not None:
+        record.write_text(meta if isinstance(meta, str) else json.dumps(meta))
+    before = (path.read_bytes(), record.read_bytes() if record.exists() else None)
+    monkeypatch.setattr(decode, "_sweep_point", lambda task: pytest.fail("simulated before refusing"))
+    _raises(lambda: decode.sweep(out=path, resume=True, workers=1, progress=False, **{**RESUME_AXES, **kwargs}),
+            ValidationError, pattern)
+    assert (path.read_bytes(), record.read_bytes() if record.exists() else None) == before, "the file was changed"
 
 
 # --- the command line ------------------------------------------------------------------------------
@@ -352,6 +547,33 @@ CLI_CASES = [
     pytest.param(["frobnicate"], r"invalid choice: 'frobnicate'", id="unknown-command"),
     pytest.param([], r"the following arguments are required: command", id="no-command"),
     pytest.param(["golden"], r"one of the arguments --check --update is required", id="golden-no-action"),
+    pytest.param(RUN + ["--oplog", "/proc/x.csv"], r"--oplog: .*'/proc'", id="oplog-in-proc",
+                 marks=pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc")),
+    pytest.param(RUN + ["--head-dim", "100000"], r"TCM overflow allocating 'Q'.* On the command line: --set "
+                 r"tcm_bytes=8388608 \(now 1048576\)", id="tcm-overflow-data"),
+    pytest.param(RUN + ["--head-dim", "100000", "--mode", "timing", "--set", "tcm_bytes=4194304"],
+                 r"TCM overflow allocating 'O'.*--set tcm_bytes=8388608 \(now 4194304\)", id="tcm-overflow-timing"),
+    pytest.param(CMP + ["--head-dim", "100000000", "--mode", "timing"], r"No TCM kbwork allows is large enough.*"
+                 r"tcm_bytes=1073741824", id="tcm-overflow-beyond-any"),
+    pytest.param(CMP + ["--set", "tcm_byte=3"], r"--set tcm_byte=3: unknown topology key 'tcm_byte'.*Did you mean "
+                 r"'tcm_bytes'", id="set-unknown-key"),
+    pytest.param(CMP + ["--set", "tcm_bytes=2.5"], r"--set tcm_bytes=2\.5: tcm_bytes takes a whole number",
+                 id="set-fraction-for-int"),
+    pytest.param(CMP + ["--set", "clock_ghz=fast"], r"--set clock_ghz=fast: clock_ghz takes a number", id="set-text"),
+    pytest.param(CMP + ["--set", "dma_channels=0"], r"--set dma_channels=0: topology key 'dma_channels' is 0",
+                 id="set-zero"),
+    pytest.param(CMP + ["--set", "hazard_policy=fifo"], r"--set hazard_policy=fifo: .*'fifo'; use one of",
+                 id="set-policy"),
+    pytest.param(CMP + ["--set", "dma_channels"], r"argument --set: expected key=value", id="set-no-value"),
+    pytest.param(CMP + ["--set", "fixed_cycles=3", "--fixed", "4"], r"fixed_cycles is already set by --fixed 4",
+                 id="set-and-flag"),
+    pytest.param(CMP + ["--set", "tile_k=64", "--set", "tile_k=32"], r"--set tile_k=32: tile_k is already set by "
+                 r"--set tile_k=64", id="set-twice"),
+    pytest.param(CMP + ["--kv_len", "256"], r"unrecognized arguments: --kv_len 256 \(did you mean --kv-len\?\)",
+                 id="kv_len-underscore"),
+    pytest.param(RUN + ["--varaint", "opt3"], r"did you mean --variant\?", id="misspelt-option"),
+    pytest.param(RUN + ["--gantt-tiles", "2"], r"--gantt-tiles 2 needs --gantt", id="run-gantt-tiles-alone"),
+    pytest.param(CMP + ["--gantt-tiles", "all"], r"--gantt-tiles all needs --gantt", id="compare-gantt-tiles-alone"),
 ]
 
 
@@ -380,6 +602,10 @@ FAIL_FAST_CASES = [
     pytest.param(RUN + ["--gantt", "{tmp}/g.pdf"], "run", id="run-gantt"),
     pytest.param(RUN + ["--npz", "{tmp}/x.npz", "--mode", "timing"], "run", id="run-npz-timing"),
     pytest.param(CMP + ["--gantt", "{tmp}/missing/g.png"], "compare", id="compare-gantt"),
+    pytest.param(RUN + ["--oplog", "/proc/x.csv"], "run", id="run-oplog-in-proc",
+                 marks=pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc")),
+    pytest.param(RUN + ["--gantt-tiles", "2"], "run", id="run-gantt-tiles-alone"),
+    pytest.param(CMP + ["--set", "tcm_byte=3"], "compare", id="compare-set-unknown"),
 ]
 
 
@@ -391,6 +617,19 @@ def test_cli_checks_outputs_before_simulating(argv, entry, tmp_path, capsys, mon
     monkeypatch.setattr(decode, entry, simulated)
     code, _, err = _cli([a.replace("{tmp}", str(tmp_path)) for a in argv], capsys)
     assert code == 2 and "kbwork: error:" in err and "simulated" not in err
+
+
+def test_a_data_run_that_cannot_fit_the_tcm_is_refused_before_its_inputs_are_made(capsys, monkeypatch):
+    monkeypatch.setattr(decode, "make_inputs", lambda *a, **k: pytest.fail("inputs made before the TCM check"))
+    real, runs = decode.run, []
+    monkeypatch.setattr(decode, "run", lambda *a, **k: runs.append(k) or real(*a, **k))
+    code, _, err = _cli(["run", "--variant", "opt2", "--head-dim", "100000", "--kv-len", "2048"], capsys)
+    assert code == 2 and "TCM overflow" in err and "--set tcm_bytes=8388608" in err
+    assert runs and all(k["mode"] == "timing" and k["kv_len"] == 128 for k in runs)  # one-tile timing runs only
+    # what the hint says to type is enough
+    code, out, err = _cli(["run", "--variant", "opt2", "--head-dim", "100000", "--kv-len", "256", "--mode",
+                           "timing", "--set", "tcm_bytes=8388608"], capsys)
+    assert code == 0, err
 
 
 def test_cli_write_failure_is_a_message_not_a_traceback(tmp_path, capsys, monkeypatch):
@@ -424,6 +663,8 @@ BENCH_CASES = [
                  id="out-is-file"),
     pytest.param(["--kv-lens", "256", "--no-refs", "--out", "{tmp}/afile/sub"], r"--out .*is not a writable directory",
                  id="out-under-file"),
+    pytest.param(["--kv_lens", "256"], r"unrecognized arguments: --kv_lens 256 \(did you mean --kv-lens\?\)",
+                 id="kv_lens-underscore"),
 ]
 
 
@@ -440,6 +681,46 @@ def test_bad_bench_invocation(argv, pattern, cli_tmp, capsys, monkeypatch):
     assert code == 2, (code, err)
     assert re.search(pattern, err), f"{pattern!r} not in {err!r}"
     assert "Traceback" not in err + out
+
+
+def test_bench_with_a_kv_length_twice_measures_it_once_and_finishes(tmp_path, capsys, monkeypatch):
+    import json
+
+    from kbwork import bench
+
+    # the suite's fixed large cases are not what this is about: stand-ins for them
+    monkeypatch.setattr(bench, "MIN_SECONDS", 0.0)
+    monkeypatch.setattr(bench, "compare_case", lambda kv, budget: {"kv_len": kv, "compare_ms": 1.0,
+                                                                   "budget_ms": budget, "within_budget": True})
+    monkeypatch.setattr(bench, "gantt_case", lambda: None)
+    code, out, err = _cli(["bench", "--kv-lens", "128,128", "--modes", "timing", "--no-refs", "--out",
+                           str(tmp_path)], capsys)
+    assert code == 0, err
+    assert "Traceback" not in err and "--kv-lens lists 128 more than once; each length is measured once" in err
+    rows = json.loads((tmp_path / "decode.json").read_text())["rows"]
+    assert [(r["variant"], r["kv_len"]) for r in rows] == [("opt2", 128), ("opt3", 128)]
+    # the summary of rows that repeat a size (a caller of run_decode_suite may pass them) divides by no zero
+    lines = bench.summarize({"rows": rows + rows, "compare": [], "gantt": None})
+    assert any("time per tile" in line for line in lines)
+
+
+def test_bench_steady_without_threadpoolctl_says_so_and_runs(tmp_path, capsys, monkeypatch):
+    import json
+
+    from kbwork.bench import steady
+
+    monkeypatch.setitem(sys.modules, "threadpoolctl", None)  # as under the README's [test] install
+    monkeypatch.setattr(steady, "steady_vs_full", lambda kv_lens: [])
+    monkeypatch.setattr(steady, "compare_flatness", lambda kv: {"ratio_largest_to_smallest": 1.0})
+    monkeypatch.setattr(steady, "sweep_scaling", lambda n, dask: {"points": n, "serial_s": 1.0,
+                                                                  "local_processes_s": 1.0, "local_equal": True})
+    monkeypatch.setattr(steady, "cold_start", lambda: dict.fromkeys(
+        ("python_s", "import_kbwork_s", "first_compare_s", "first_compare_data_s"), 0.1))
+    code, out, err = _cli(["bench", "--suite", "steady", "--no-dask", "--out", str(tmp_path)], capsys)
+    assert code == 0, err
+    assert "Traceback" not in err and "threadpoolctl is not installed" in err
+    assert "BLAS threads were not capped" in out
+    assert json.loads((tmp_path / "steady.json").read_text())["blas_one_thread"] is False
 
 
 @pytest.mark.parametrize("argv,pattern", [
@@ -648,6 +929,7 @@ def test_bad_host_data_and_results(action, pattern):
 
 def test_the_tables_hold_at_least_eighty_distinct_mistakes():
     tables = dict(toml=TOML_CASES, config=CONFIG_CASES, simulator=SIMULATOR_CASES, decode=DECODE_CASES,
-                  cli=CLI_CASES, bench=BENCH_CASES, kernel=KERNEL_CASES, host=HOST_CASES)
+                  resume=RESUME_CASES, panel=PANEL_CASES, what_if=WHAT_IF_CASES, cli=CLI_CASES, bench=BENCH_CASES,
+                  kernel=KERNEL_CASES, host=HOST_CASES)
     ids = [(name, p.id) for name, t in tables.items() for p in t]
     assert len(ids) == len(set(ids)) and len(ids) >= 80

@@ -74,3 +74,17 @@ def test_docs_links_resolve_and_the_readme_links_the_docs():
     readme = README.read_text(encoding="utf-8")
     assert "docs/README.md" in readme or "(docs/)" in readme
     assert "../shared" not in readme, "the README must not send readers outside the repository"
+
+
+def test_what_users_touch_first_says_what_it_is():
+    from kbwork import decode
+
+    doc = decode.run.__doc__
+    for v in decode.VARIANTS:
+        assert f'"{v}"' in doc, f"decode.run's docstring does not name the variant {v}"
+    assert ">>> " in doc, "decode.run's docstring has no example"
+    for cls, names in ((decode.DecodeRun, ("op_log", "cycles", "topology", "n_tiles", "to_csv", "to_perfetto")),
+                       (decode.Comparison, ("variants", "params", "closed_form_gate"))):
+        for name in names:
+            attr = getattr(cls, name)
+            assert (getattr(attr, "fget", attr).__doc__ or "").strip(), f"{cls.__name__}.{name} has no docstring"

@@ -73,7 +73,7 @@ def test_calibration_panel_at_zero_dispatch_cost():
 @pytest.mark.parametrize("change,pattern", [
     (dict(tile=0), r"tile must be a positive int, got 0"),
     (dict(kv_len=-1), r"kv_len must be a positive int"),
-    (dict(fixed="40"), r"fixed must be a number"),
+    (dict(fixed="40"), r"FIXED \(fixed=, .*\) is a whole number of cycles >= 0; got '40' \(str\)"),
 ])
 def test_calibration_panel_bad_controls(change, pattern):
     from kbwork.errors import ValidationError

@@ -110,12 +110,12 @@ def test_a_hold_marker_per_hold_on_the_held_command_s_row(rw):
     assert len(segs) == len(holds)
     np.testing.assert_array_equal([s[0][0] for s in segs], holds["plan_end"])
     np.testing.assert_array_equal([s[1][0] for s in segs], holds["release"])
-    # each on the row of the unit that ran its command's first plan stage, in the gap just below it
+    # each on the row of the unit that ran its command's first plan stage, within the row's band of bars
     log = run.op_log
     for (x, y), cmd in zip([s[0] for s in segs], holds["cmd"]):
         work = log[(log.cmd == cmd) & ~log.stage.isin(["DISPATCH", "PLAN"])].sort_values(["start", "seq"])
         row = ENGINE_NAMES.index(str(work.iloc[0].engine))
-        assert row < y < row + 0.5
+        assert row < y < row + 0.4
     # a window keeps the holds that overlap it
     lo, hi = plots.tile_window(log, [1])
     ax = plots.gantt(log, window=(lo, hi), holds=holds)
@@ -152,7 +152,8 @@ def test_gantt_rejects_what_is_not_holds_or_a_critical_path(cmp3):
 def test_cycle_ticks_are_whole_numbers_without_an_offset():
     r = decode.run("opt2", kv_len=65536, mode="timing")  # over a million cycles
     assert r.cycles > 1_000_000
-    ax = plots.gantt(r.op_log, legend=False)
+    with pytest.warns(plots.DensityWarning):
+        ax = plots.gantt(r.op_log, legend=False)
     ax.figure.canvas.draw()
     assert_integer_ticks(ax.xaxis)
     lo, hi = plots.tile_window(r.op_log, [400])  # a narrow window far from 0
@@ -175,7 +176,8 @@ def test_100k_stages_with_hatches_holds_and_a_path_stay_a_handful_of_collections
     holds["plan_end"] = holds["cmd"] * 40
     holds["release"] = holds["plan_end"] + 25
     cp = log.iloc[::7].assign(cause=pd.Categorical(["dependency"] * len(log.iloc[::7])))
-    ax = plots.gantt(log, holds=holds, critical_path=cp)
+    _, ax = plt.subplots(figsize=(300, 3))  # wide enough for every stage: no DensityWarning, all drawn
+    ax = plots.gantt(log, ax=ax, holds=holds, critical_path=cp)
     polys = [c for c in ax.collections if isinstance(c, PolyCollection)]
     lines = [c for c in ax.collections if isinstance(c, LineCollection)]
     assert len(polys) == 5 + 1 + 1  # a collection per unit, the hatched V reads, the path outline
@@ -382,7 +384,8 @@ def test_scaling_shows_the_ratio_and_cycles_bars_put_strict_fifo_first():
         plots.scaling(strict, baseline="b9")
     ax = plots.cycles_bars(sw[sw.kv_len == 1024])
     groups = [t.get_text().split("\n")[0] for t in ax.get_xticklabels()]
-    assert groups == ["strict_fifo", "rw_aware"]
+    assert groups == ["strict FIFO", "rw-aware"]  # in words, the default policy first
+    assert ax.get_xlabel() == "hazard policy"
     heights = [p.get_height() for p in ax.patches]
     one = sw[sw.kv_len == 1024].set_index(["hazard_policy", "variant"]).cycles
     assert heights == [one["strict_fifo", "opt2"], one["rw_aware", "opt2"],
@@ -390,18 +393,26 @@ def test_scaling_shows_the_ratio_and_cycles_bars_put_strict_fifo_first():
     assert_integer_ticks(ax.yaxis)
 
 
-def test_ratio_heatmaps_centre_the_colour_scale_on_one_and_fit_it_to_the_data():
+def test_ratio_heatmaps_centre_the_colour_scale_on_one_with_both_sides_visible():
     idx = pd.MultiIndex.from_product([[0, 40], [64, 128], [1024, 4096]], names=["fixed_cycles", "tile", "kv_len"])
     ratios = pd.Series(np.linspace(1.02, 1.20, len(idx)), index=idx)
     fig = plots.ratio_heatmaps(ratios, facet="fixed_cycles", row="tile", col="kv_len", label="r")
     images = [a.images[0] for a in fig.axes if a.images]
     assert len(images) == 2
     norm = images[0].norm
-    assert norm.vcenter == 1.0 and norm.vmax == pytest.approx(1.20) and 0.99 < norm.vmin < 1.0
-    # the smallest ratio is pale, the largest saturated: the range is not washed out
-    assert norm(1.20) == pytest.approx(1.0) and norm(1.02) > 0.5
+    # as far below 1 as above: the largest ratio is saturated, and 1 is white in the middle of the bar
+    assert norm.vcenter == 1.0 and norm.vmax == pytest.approx(1.20) and norm.vmin == pytest.approx(0.80)
+    assert norm(1.20) == pytest.approx(1.0) and norm(1.0) == pytest.approx(0.5) and norm(1.02) > 0.5
+    (cbar,) = [a for a in fig.axes if not a.images]
+    lo, hi = cbar.get_ylim()
+    assert (lo, hi) == (pytest.approx(0.80), pytest.approx(1.20))
+    fig.canvas.draw()
+    ticks = [float(t.get_text()) for t in cbar.get_yticklabels() if t.get_text() and lo <= t.get_position()[1] <= hi]
+    assert min(ticks) < 1 < max(ticks) and 1.0 in ticks  # both sides labelled, the centre too
     texts = [t.get_text() for a in fig.axes for t in a.texts]
     assert "1.02" in texts and "1.20" in texts
+    assert [a.get_title() for a in fig.axes if a.images] == ["FIXED = 0 cycles", "FIXED = 40 cycles"]
+    assert {a.get_xlabel() for a in fig.axes if a.images} == {"kv length (tokens)"}
     assert_nothing_clipped(fig)
     with pytest.raises(ValidationError, match="levels"):
         plots.ratio_heatmaps(ratios, facet="nope", row="tile", col="kv_len")
@@ -415,8 +426,8 @@ def test_ratio_heatmaps_lay_out_a_grid_with_facet_row():
                                col="tile", label="a1 / opt2")
     panels = [a for a in fig.axes if a.images]
     assert len(panels) == 4
-    assert [a.get_title() for a in panels] == [f"hazard_policy = {p}\ndma_channels = {c}"
-                                               for p in ("strict_fifo", "rw_aware") for c in (1, 2)]
+    assert [a.get_title() for a in panels] == [f"hazard policy = {p}\nDMA channels = {c}"
+                                               for p in ("strict FIFO", "rw-aware") for c in (1, 2)]
     np.testing.assert_allclose(panels[3].images[0].get_array(), ratios.xs(("rw_aware", 2), level=["hazard_policy", "dma_channels"]).unstack("tile").to_numpy())
     assert_nothing_clipped(fig)
     with pytest.raises(ValidationError, match="name each of them once"):
@@ -438,7 +449,7 @@ def test_winner_map_colours_each_cell_by_the_fastest_and_says_by_how_much():
     w = _winners_table()
     fig = plots.winner_map(w, row="fixed_cycles", col="tile", facet_col="hazard_policy", focus="a1", title="who wins")
     panels = [a for a in fig.axes if a.images]
-    assert [a.get_title() for a in panels] == ["hazard_policy = strict_fifo", "hazard_policy = rw_aware"]
+    assert [a.get_title() for a in panels] == ["hazard policy = strict FIFO", "hazard policy = rw-aware"]
     assert all(a.images[0].get_gid() == "winners" for a in panels)
     rw = panels[1]
     rgb = rw.images[0].get_array()
@@ -468,3 +479,164 @@ def test_winner_map_refuses_a_table_it_cannot_lay_out():
         plots.winner_map(w, row="fixed_cycles", col="tile", facet_col="hazard_policy", focus="b9")
     with pytest.raises(ValidationError, match="analysis.winners"):
         plots.winner_map(w[["opt2", "a1"]], row="fixed_cycles", col="tile", facet_col="hazard_policy")
+
+
+# --- figures fit for a paper: text inside, one palette, one µs axis, the prologue in the first tiles --------
+def _palette():
+    named = [*plots.STAGE_COLORS.values(), *plots.ENGINE_COLORS.values(), *plots.CAUSE_COLORS.values(),
+             *plots.VARIANT_COLORS.values(), *plots.PALETTE, plots.HOLD_COLOR, "white", "black"]
+    return {matplotlib.colors.to_hex(c) for c in named}
+
+
+def _fill_colors(fig):
+    """The colour of every filled thing a reader tells apart: bars, stage collections, data lines."""
+    out = []
+    for ax in fig.axes:
+        for p in ax.patches:
+            if p.get_fill():
+                out.append(p.get_facecolor())
+        for c in ax.collections:
+            if isinstance(c, PolyCollection) and len(c.get_facecolors()):
+                out.extend(c.get_facecolors())
+            if isinstance(c, LineCollection):
+                out.extend(c.get_colors())
+        for line in ax.get_lines():
+            out.append(line.get_color())
+        for im in ax.images:
+            if im.get_gid() == "winners":  # an RGB picture of the winners' colours
+                out.extend(map(tuple, np.unique(np.asarray(im.get_array()).reshape(-1, 3), axis=0)))
+    return [matplotlib.colors.to_hex(c, keep_alpha=False) for c in out]
+
+
+@pytest.fixture(scope="module")
+def figures(cmp3, rw):
+    r = cmp3.opt3
+    wi = pd.concat([analysis.what_if(x, speedup=2).assign(variant=v) for v, x in cmp3.runs.items()], ignore_index=True)
+    sw = decode.sweep(kv_len=[256, 512], tile=[64, 128], hazard_policy=["strict_fifo", "rw_aware"],
+                      variants=("opt2", "opt3", "a1"), workers=1, progress=False)
+    ratios = sw.pivot_table(index=["hazard_policy", "tile", "kv_len"], columns="variant", values="cycles")
+    grid = analysis.ratio_grid(cmp3.opt2.command_bytes_per_tile, cmp3.opt3.command_bytes_per_tile,
+                               fixed_values=np.arange(0, 101, 4), r_values=np.arange(17) * 0.0625)
+    return {
+        "gantt": lambda: plots.gantt(rw.op_log, window=plots.tile_window(rw.op_log, range(2)),
+                                     holds=rw.run.holds(), critical_path=rw.run.critical_path()).figure,
+        "compare_gantt": lambda: plots.compare_gantt(cmp3, tiles=2, holds=True, critical_path=True),
+        "dispatch_per_tile": lambda: plots.dispatch_per_tile(cmp3, tile=1).figure,
+        "what_if": lambda: plots.what_if(wi).figure,
+        "what_if_one_run": lambda: plots.what_if(analysis.what_if(r, speedup=2)).figure,
+        "attribution": lambda: plots.attribution_figure(analysis.attribution_table(cmp3), title="t"),
+        "gate_map": lambda: plots.gate_map(grid).figure,
+        "gate_map_mark": lambda: plots.gate_map(grid, mark=(20, 0.25)).figure,
+        "ratio_heatmaps": lambda: plots.ratio_heatmaps((ratios.a1 / ratios.opt2), facet="hazard_policy", row="tile",
+                                                       col="kv_len"),
+        "winner_map": lambda: plots.winner_map(analysis.winners(sw), row="tile", col="kv_len",
+                                               facet_col="hazard_policy", focus="a1"),
+        "cycles_bars": lambda: plots.cycles_bars(sw[(sw.kv_len == 512) & (sw.tile == 64)]).figure,
+        "scaling": lambda: plots.scaling(sw[(sw.tile == 64) & (sw.hazard_policy == "rw_aware")]).figure,
+    }
+
+
+FIGURES = ["gantt", "compare_gantt", "dispatch_per_tile", "what_if", "what_if_one_run", "attribution", "gate_map",
+           "gate_map_mark", "ratio_heatmaps", "winner_map", "cycles_bars", "scaling"]
+
+
+@pytest.mark.parametrize("name", FIGURES)
+def test_every_figure_keeps_its_text_inside_and_takes_its_colours_from_the_palette(name, figures):
+    fig = figures[name]()
+    assert_nothing_clipped(fig)
+    colors = _fill_colors(fig)
+    assert colors, "nothing coloured was found"
+    assert set(colors) <= _palette(), f"colours outside the palette: {set(colors) - _palette()}"
+    # one µs axis per figure, if any
+    axes = [a for ax in fig.axes for a in (ax, *ax.child_axes)]
+    assert sum(a.get_xlabel() == "µs" for a in axes) <= 1
+    # labels written inside fills read: white on dark, black on light
+    for ax in fig.axes:
+        for t in ax.texts:
+            if not t.get_text() or (t.get_ha(), t.get_va()) != ("center", "center"):
+                continue
+            bars = [p for p in ax.patches if p.get_fill() and p.contains_point(
+                ax.transData.transform(t.get_position()))]
+            if bars:
+                assert t.get_color() == plots.text_color(bars[-1].get_facecolor()), t.get_text()
+
+
+def test_what_if_and_dispatch_bars_use_the_variant_and_palette_colours(cmp3):
+    wi = pd.concat([analysis.what_if(x, speedup=2).assign(variant=v) for v, x in cmp3.runs.items()], ignore_index=True)
+    ax = plots.what_if(wi)
+    per_variant = len(ax.patches) // 3
+    for i, v in enumerate(cmp3.variants):
+        bars = ax.patches[i * per_variant:(i + 1) * per_variant]
+        assert {matplotlib.colors.to_hex(b.get_facecolor()) for b in bars} == {plots.VARIANT_COLORS[v].lower()}
+    one = plots.what_if(analysis.what_if(cmp3.opt2, speedup=2))
+    assert [matplotlib.colors.to_hex(b.get_facecolor()) for b in one.patches] == [
+        plots.ENGINE_COLORS[e].lower() for e in ENGINE_NAMES]
+    ax = plots.dispatch_per_tile(cmp3, tile=1)
+    fills = [matplotlib.colors.to_hex(p.get_facecolor()) for p in ax.patches]
+    assert set(fills) <= {c.lower() for c in plots.PALETTE}
+    assert fills[0] == plots.PALETTE[0].lower() and "tab" not in repr(fills)
+    dark = [t for t in ax.texts if t.get_color() == "white"]
+    assert dark, "no label on a dark fill was written in white"
+
+
+def test_the_first_tiles_window_starts_at_cycle_0_and_so_does_the_cli_gantt(tmp_path, cmp3):
+    from kbwork.cli import main
+
+    log = cmp3.opt3.op_log
+    assert plots.tile_window(log, range(3))[0] == 0  # the prologue (load Q, the fills) is in the picture
+    assert plots.tile_window(log, [1])[0] == int(log[log["iter"] == 1]["start"].min()) > 0
+    captured = {}
+    orig = plots.gantt_or_utilization
+    mp = pytest.MonkeyPatch()
+    mp.setattr(plots, "gantt_or_utilization", lambda *a, **k: captured.setdefault("ax", orig(*a, **k)))
+    mp.setattr(plt, "close", lambda *a, **k: None)
+    try:
+        assert main(["run", "--variant", "opt3", "--kv-len", "1024", "--mode", "timing", "--gantt",
+                     str(tmp_path / "g.png")]) == 0
+    finally:
+        mp.undo()
+    ax = captured["ax"]
+    ax.figure.canvas.draw()
+    assert ax.get_xlim()[0] == 0
+    first = [t for t in _drawn_tick_labels(ax.xaxis, 0) if t.get_text()][0]
+    assert first.get_text() == "0" and first.get_position()[0] == 0
+    assert_nothing_clipped(ax.figure)
+
+
+def test_a_gantt_denser_than_its_pixels_warns_and_leaves_out_what_would_blacken_it():
+    r = decode.run("opt3", kv_len=32768, mode="timing")
+    with pytest.warns(plots.DensityWarning, match=r"PE_CPU has [\d,]+ stages in the window but the Axes is \d+ "
+                                                  r"pixels wide.*gantt_or_utilization"):
+        ax = plots.gantt(r.op_log, holds=r.run.holds(), critical_path=r.run.critical_path())
+    assert not _by_gid(ax, "critical-path") and not _by_gid(ax, "holds")
+    assert _by_gid(ax, "stages:PE_CPU")  # the stages are still drawn
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", plots.DensityWarning)  # a few tiles fit: no warning
+        ax = plots.gantt(r.op_log, window=plots.tile_window(r.op_log, range(3)), holds=r.run.holds(),
+                         critical_path=r.run.critical_path())
+    assert _by_gid(ax, "critical-path") and _by_gid(ax, "holds")
+
+
+def test_gate_map_lays_itself_out_and_labels_its_star_from_mark(cmp3):
+    grid = analysis.ratio_grid(cmp3.opt2.command_bytes_per_tile, cmp3.opt3.command_bytes_per_tile,
+                               fixed_values=np.arange(0, 101, 10), r_values=np.arange(9) * 0.125)
+    ax = plots.gate_map(grid)
+    assert isinstance(ax.figure.get_layout_engine(), matplotlib.layout_engine.ConstrainedLayoutEngine)
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "FIXED = 40 cycles, R = 0.0625 cycles/byte (default)"]
+    ax = plots.gate_map(grid, mark=(20, 0.25))
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["FIXED = 20 cycles, R = 0.25 cycles/byte"]
+    (star,) = [line for line in ax.get_lines() if line.get_marker() == "*"]
+    assert (star.get_xdata()[0], star.get_ydata()[0]) == (0.25, 20)
+    assert plots.gate_map(grid, mark=None).get_legend() is None
+    with pytest.raises(ValidationError, match="mark="):
+        plots.gate_map(grid, mark="default")
+
+
+def test_compare_gantt_has_one_us_axis():
+    fig = plots.compare_gantt(decode.compare(kv_len=512, mode="timing", variants=("opt2", "opt3", "a1")), tiles=2)
+    axes = [a for ax in fig.axes for a in (ax, *ax.child_axes)]
+    assert sum(a.get_xlabel() == "µs" for a in axes) == 1
+    assert [a.get_xlabel() for a in fig.axes if a.get_gid() == "gantt"] == ["", "", "cycles"]

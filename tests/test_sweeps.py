@@ -3,9 +3,11 @@ bar; rows written as points finish and a sweep resumed from a partial file (DESI
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from kbwork import ConfigError, ValidationError, decode, parallel
+from kbwork import ConfigError, TcmOverflowError, ValidationError, decode, load_topology, parallel
 
 AXES = dict(kv_len=[256, 512], fixed_cycles=[0, 40, 160], tile=[64, 128])
 
@@ -15,19 +17,92 @@ def serial():
     return decode.sweep(workers=1, progress=False, **AXES)
 
 
+@pytest.fixture(scope="module")
+def cluster():
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                  dashboard_address=None) as cluster:
+        yield cluster
+
+
 def test_local_processes_give_the_serial_frame(serial):
     assert len(serial) == 2 * 3 * 2 * 2 and list(serial.variant[:2]) == ["opt2", "opt3"]
     assert decode.sweep(workers=2, progress=False, **AXES).equals(serial)
 
 
-def test_a_dask_local_cluster_gives_the_serial_frame(serial):
-    distributed = pytest.importorskip("distributed")
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                  dashboard_address=None) as cluster:
-        with distributed.Client(cluster) as client:
-            assert decode.sweep(client=client, progress=False, **AXES).equals(serial)
-        # or by the scheduler's address: the sweep connects, and closes its own client
-        assert decode.sweep(client=cluster.scheduler_address, progress=False, **AXES).equals(serial)
+def test_a_dask_local_cluster_gives_the_serial_frame(serial, cluster):
+    import distributed
+
+    with distributed.Client(cluster) as client:
+        assert decode.sweep(client=client, progress=False, **AXES).equals(serial)
+    # or by the scheduler's address: the sweep connects, and closes its own client
+    assert decode.sweep(client=cluster.scheduler_address, progress=False, **AXES).equals(serial)
+
+
+# --- errors on other processes ----------------------------------------------------------------------------
+# head_dim 100000 does not fit the TCM: every run at that point raises TcmOverflowError (a MemoryError
+# subclass, which tblib, used by Dask, cannot rebuild), the other point runs
+TOO_BIG = dict(kv_len=[256], head_dim=[128, 100000])
+SMALL = dict(kv_len=[256, 512], tile=[64, 128])
+
+
+def _small_serial():
+    return decode.sweep(workers=1, progress=False, **SMALL)
+
+
+@pytest.mark.parametrize("where", ["processes", "dask"])
+def test_an_error_at_a_remote_point_keeps_its_class_and_message_and_the_process_usable(where, cluster, tmp_path):
+    import distributed
+
+    with distributed.Client(cluster) if where == "dask" else _no_client() as client:
+        kw = dict(client=client) if where == "dask" else dict(workers=2)
+        with pytest.raises(TcmOverflowError, match=r"TCM overflow allocating 'Q' \(1600000 B.*raise tcm_bytes") as info:
+            decode.sweep(out=tmp_path / "s.csv", progress=False, **kw, **TOO_BIG)
+        assert type(info.value) is TcmOverflowError
+        assert any("raised on a worker process" in note for note in info.value.__notes__)
+        # the file keeps whatever finished before the error was seen
+        rows = (tmp_path / "s.csv").read_text().splitlines()
+        assert len(rows) in (1, 3)  # the header, and the point at head_dim 128 if it finished first
+    # later sweeps in this process, on processes and on Dask, still work
+    assert decode.sweep(workers=2, progress=False, **SMALL).equals(_small_serial())
+    with distributed.Client(cluster) as client:
+        assert decode.sweep(client=client, progress=False, **SMALL).equals(_small_serial())
+
+
+class _no_client:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+class _Picky(Exception):
+    """An error whose class takes two arguments: it cannot be rebuilt from its message."""
+
+    def __init__(self, a, b):
+        super().__init__(f"{a} and {b}")
+
+
+def _fails_at_seven(x: int) -> int:
+    if x == 7:
+        raise ZeroDivisionError(f"task {x} divides by zero")
+    if x == 9:
+        raise _Picky("left", "right")
+    return x
+
+
+def test_a_worker_error_of_any_class_reaches_the_caller_after_the_results_before_it():
+    seen = []
+    with pytest.raises(ZeroDivisionError) as info:
+        parallel.map_tasks(_fails_at_seven, list(range(9)), workers=2, progress=False,
+                           on_result=lambda i, r: seen.append(i))
+    assert type(info.value) is ZeroDivisionError and str(info.value) == "task 7 divides by zero"
+    assert set(range(7)) <= set(seen) and 7 not in seen
+    with pytest.raises(parallel.RemoteError) as info:
+        parallel.map_tasks(_fails_at_seven, list(range(8, 20)), workers=2, progress=False)
+    assert str(info.value) == "_Picky: left and right"
+    assert parallel.map_tasks(_square, list(range(20)), workers=2, progress=False) == [x * x for x in range(20)]
 
 
 def test_results_come_back_in_task_order_whatever_finishes_first():
@@ -74,9 +149,9 @@ def test_rows_are_written_as_points_finish_and_a_sweep_resumes(tmp_path, serial)
     assert out.read_text().splitlines() == lines  # rewritten whole, in point order
     with pytest.raises(ValidationError, match="exists; pass resume=True"):
         decode.sweep(out=out, progress=False, **AXES)
-    with pytest.raises(ValidationError, match="its columns .* are not this sweep's"):
+    with pytest.raises(ValidationError, match=r"axes \(kv_len, fixed_cycles, tile\) there, \(kv_len\) here"):
         decode.sweep(out=out, resume=True, progress=False, kv_len=[256])
-    with pytest.raises(ValidationError, match="point 0 is .* the axes differ"):
+    with pytest.raises(ValidationError, match=r"axis 'kv_len' is \[256, 512\] there, \[1024, 512\] here"):
         decode.sweep(out=out, resume=True, progress=False, **{**AXES, "kv_len": [1024, 512]})
 
 
@@ -132,5 +207,75 @@ def test_a_sweep_with_attribution_writes_and_resumes_its_path_columns(tmp_path, 
     resumed = decode.sweep(variants=("opt2", "a1"), attribution=True, out=out, resume=True, workers=1,
                            progress=False, **ATTR_AXES)
     assert resumed.equals(with_paths) and out.read_text().splitlines() == lines
-    with pytest.raises(ValidationError, match="its columns .* are not this sweep's"):
+    with pytest.raises(ValidationError, match="attribution=True there, False here"):
         decode.sweep(variants=("opt2", "a1"), out=out, resume=True, workers=1, progress=False, **ATTR_AXES)
+
+
+# --- resuming: what the file records, and that it never loses a row -------------------------------------------
+V3 = ("opt2", "opt3", "a1")
+
+
+def test_a_resume_under_another_topology_is_refused_and_more_variants_extend_the_file(tmp_path, monkeypatch):
+    out = tmp_path / "s.csv"
+    two = decode.sweep(out=out, workers=1, progress=False, **SMALL)
+    old = out.read_text().splitlines()
+    meta = json.loads((tmp_path / "s.csv.meta.json").read_text())
+    assert meta["variants"] == ["opt2", "opt3"] and meta["topology"]["dma_base_cycles"] == 200
+    slow = load_topology(dma_base_cycles=1000)
+    with pytest.raises(ValidationError, match="topology dma_base_cycles is 200 there, 1000 here"):
+        decode.sweep(out=out, resume=True, topology=slow, workers=1, progress=False, **SMALL)
+    assert out.read_text().splitlines() == old
+    other = decode.sweep(out=tmp_path / "slow.csv", topology=slow, workers=1, progress=False, **SMALL)
+    assert (other.cycles > two.cycles).all()  # what the refused resume would have had to return
+    ran = []
+    orig = decode._sweep_point
+    monkeypatch.setattr(decode, "_sweep_point", lambda task: ran.append(task[1]) or orig(task))
+    three = decode.sweep(out=out, resume=True, variants=V3, workers=1, progress=False, **SMALL)
+    assert ran == [("a1",)] * 4  # only the new variant runs
+    monkeypatch.setattr(decode, "_sweep_point", orig)
+    assert three.equals(decode.sweep(variants=V3, workers=1, progress=False, **SMALL))
+    lines = out.read_text().splitlines()
+    assert set(old) <= set(lines) and len(lines) == 1 + 12 and lines[0] == old[0]
+    assert json.loads((tmp_path / "s.csv.meta.json").read_text())["variants"] == list(V3)
+
+
+def test_a_resume_with_more_variants_never_loses_a_finished_row(tmp_path, monkeypatch):
+    out = tmp_path / "s.csv"
+    decode.sweep(out=out, workers=1, progress=False, **SMALL)
+    old = out.read_text().splitlines()
+    snapshots = []
+    append = decode._SweepLog.append
+    monkeypatch.setattr(decode._SweepLog, "append",
+                        lambda self, point, rows: (append(self, point, rows), snapshots.append(out.read_text())))
+    orig, calls = decode._sweep_point, []
+
+    def killed_after_two(task):
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the user stops the sweep
+        calls.append(task)
+        return orig(task)
+
+    monkeypatch.setattr(decode, "_sweep_point", killed_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        decode.sweep(out=out, resume=True, variants=V3, workers=1, progress=False, **SMALL)
+    assert len(snapshots) == 2
+    for text in snapshots + [out.read_text()]:  # at every moment: every old row, and no torn one
+        lines = text.splitlines()
+        assert text.endswith("\n") and lines[0] == old[0] and set(old[1:]) <= set(lines[1:])
+        assert all(len(line.split(",")) == len(old[0].split(",")) for line in lines)
+    assert len(out.read_text().splitlines()) == len(old) + 2
+    monkeypatch.setattr(decode, "_sweep_point", orig)
+    resumed = decode.sweep(out=out, resume=True, variants=V3, workers=1, progress=False, **SMALL)
+    assert resumed.equals(decode.sweep(variants=V3, workers=1, progress=False, **SMALL))
+
+
+def test_an_axis_mixing_ints_and_floats_resumes_from_its_own_file(tmp_path, monkeypatch):
+    axes = dict(kv_len=[256], r_cycles_per_byte=[0, 0.0625], fixed_cycles=[40.0, 0])
+    out = tmp_path / "mixed.csv"
+    full = decode.sweep(out=out, workers=1, progress=False, **axes)
+    monkeypatch.setattr(decode, "_sweep_point", lambda task: pytest.fail(f"ran {task[0]} again"))
+    again = decode.sweep(out=out, resume=True, workers=1, progress=False, **axes)
+    assert again.equals(full)
+    # by value, not by spelling: 0.0 is the 0 the file records
+    assert decode.sweep(out=out, resume=True, workers=1, progress=False,
+                        **{**axes, "r_cycles_per_byte": [0.0, 0.0625]}).equals(full)

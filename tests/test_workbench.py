@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import threading
+from fractions import Fraction
 
 import matplotlib
 
@@ -74,7 +75,8 @@ def test_gantt_draws_100k_stages_as_five_collections():
     log = pd.DataFrame({"seq": range(n), "cmd": 0, "iter": -1, "label": "x", "stage": stages, "engine": engines,
                         "op_kind": "", "phase": "tile", "tile": 0, "k_tile": 0, "tensor": "", "bytes": 0,
                         "start": start, "end": start + 7})
-    ax = plots.gantt(log)
+    with pytest.warns(plots.DensityWarning, match="PE_.* has 2.,... stages in the window"):
+        ax = plots.gantt(log)
     assert len(_collections(ax)) == 5
     ax.figure.canvas.draw()
 
@@ -248,7 +250,7 @@ def test_panel_shows_a_setting_it_cannot_simulate_as_a_message(monkeypatch):
     panel.request(group=4)              # a good setting clears the message
     assert panel.wait(timeout=60)
     assert panel.error is None and panel._widgets["message"].value == "" and panel.state["group"] == 4
-    with pytest.raises(kbwork.ConfigError, match="fixed_cycles"):
+    with pytest.raises(kbwork.ValidationError, match="fixed_cycles"):
         panel.update(fixed=-1)          # called directly, the error is raised (and shown)
     assert "fixed_cycles" in panel._widgets["message"].value
 
@@ -259,6 +261,28 @@ def test_panel_shows_a_setting_it_cannot_simulate_as_a_message(monkeypatch):
     panel.request(fixed=7)
     assert panel.wait(timeout=60)
     assert "unexpected RuntimeError" in panel._widgets["message"].value and "boom" in panel.error
+
+
+def test_the_panel_shows_the_fixed_it_simulates_and_refuses_one_it_cannot(monkeypatch):
+    panel = CalibrationPanel(kv_len=512, draw=False)
+    asked = []
+    real = decode.compare
+    monkeypatch.setattr(decode, "compare", lambda **kw: asked.append(kw["fixed_cycles"]) or real(**kw))
+    for whole in (40.0, np.float64(12.0), np.int64(7), Fraction(80, 2)):
+        panel.update(fixed=whole)
+        assert asked[-1] == int(whole) and type(asked[-1]) is int
+        assert panel.values["fixed"] == int(whole) and f"FIXED {int(whole)} cycles," in panel.setting_text()
+    n = len(asked)
+    for bad in (40.7, -0.5, -1, float("nan"), float("inf"), -float("inf"), Fraction(81, 2), "40", True):
+        with pytest.raises(kbwork.ValidationError, match="FIXED .* is a whole number of cycles >= 0"):
+            panel.update(fixed=bad)
+        assert panel.setting_text().startswith("FIXED 40 cycles,")  # still the last simulated setting
+        panel._apply({"fixed": bad})  # what a widget does: the message, never "a bug in kbwork"
+        assert "whole number of cycles" in panel.error and "bug" not in panel.error
+        assert "still showing the last one that could: FIXED 40 cycles" in panel.message_html()
+    assert len(asked) == n  # none of them was simulated
+    panel.update(r=0.123456789)
+    assert "R 0.123456789 cycles/byte" in panel.setting_text()  # exactly the R simulated
 
 
 def test_panel_with_three_variants():

@@ -138,7 +138,11 @@ def gantt_case(kv_len: int = 131072, out: Path | None = None) -> dict[str, Any]:
     path = out or Path("/dev/null")
 
     def draw():
-        ax = plots.gantt(log, title=f"opt3, kv_len {kv_len}: {len(log)} stages")
+        import warnings
+
+        with warnings.catch_warnings():  # the whole run on purpose: the time to draw every stage
+            warnings.simplefilter("ignore", plots.DensityWarning)
+            ax = plots.gantt(log, title=f"opt3, kv_len {kv_len}: {len(log)} stages")
         ax.figure.savefig(path, format="png", dpi=100)
         plt.close(ax.figure)
 
@@ -241,6 +245,7 @@ def summarize(result: dict[str, Any]) -> list[str]:
             lines.append(f"{v} timing: time per tile {min(t):.1f}-{max(t):.1f} us "
                          f"({(min(t) / mid - 1) * 100:+.0f}% / {(max(t) / mid - 1) * 100:+.0f}% around the median)")
         t_rows = sorted((r for r in rows if r["variant"] == v and r["mode"] == "timing"), key=lambda r: r["kv_len"])
+        t_rows = list({(r["kv_len"], r["tile"]): r for r in t_rows}.values())  # one row per size
         if len(t_rows) >= 2:  # marginal cost of one more tile between consecutive sizes
             marg = [(b["wall_s"] - a["wall_s"]) / ((b["kv_len"] - a["kv_len"]) / a["tile"]) * 1e6
                     for a, b in zip(t_rows, t_rows[1:])]
@@ -353,17 +358,24 @@ def main(argv: list[str] | None = None) -> int:
     Raises:
         SystemExit: from argparse for a malformed argument (status 2).
     """
+    from ..cli import ArgumentParser
     from ..errors import KbworkError
 
-    p = argparse.ArgumentParser(prog="kbwork bench", description=__doc__.splitlines()[0])
-    p.add_argument("--suite", choices=["decode", "gemm", "panel", "steady"], default="decode")
+    p = ArgumentParser(prog="kbwork bench", description=__doc__.splitlines()[0])
+    p.add_argument("--suite", choices=["decode", "gemm", "panel", "steady"], default="decode",
+                   help="what to time: decode (default; opt2 and opt3 at each --kv-lens, timing and data mode, "
+                        "against SimPy, the heap floor and numpy), gemm (the GEMM benches at each --scales), "
+                        "panel (a calibration-panel slider move in JupyterLab in headless Chromium), steady "
+                        "(the exact steady state against the full run, a sweep serially, on processes and on Dask, "
+                        "cold start)")
     p.add_argument("--kv-lens", type=int_list, default=None,
                    help=f"kv lengths, multiples of {TILE} (comma-separated; default "
                         f"{','.join(map(str, DEFAULT_KV))}, and {PANEL_KV} for the panel)")
     p.add_argument("--modes", type=mode_list, default=["timing", "data"],
                    help="comma-separated modes (default timing,data)")
     p.add_argument("--no-refs", action="store_true", help="skip the SimPy replay and the heap floor")
-    p.add_argument("--out", type=Path, default=OUT_DIR, help=f"directory for the CSV/JSON (default {OUT_DIR})")
+    p.add_argument("--out", type=Path, default=OUT_DIR,
+                   help="directory for the CSV/JSON (default: benchmarks/results in the kbwork checkout)")
     p.add_argument("--scales", type=int_list, default=[1, 2, 4, 8, 12],
                    help="GEMM suite: size multipliers (default 1,2,4,8,12)")
     p.add_argument("--repeats", type=positive_int, default=3, help="GEMM suite: runs per case (default 3)")
@@ -382,6 +394,11 @@ def main(argv: list[str] | None = None) -> int:
                         else list(DEFAULT_KV))
     from .. import decode
 
+    repeated = sorted({kv for kv in args.kv_lens if args.kv_lens.count(kv) > 1})
+    if repeated:  # the summary divides by the step between consecutive lengths
+        args.kv_lens = list(dict.fromkeys(args.kv_lens))
+        print(f"kbwork bench: note: --kv-lens lists {', '.join(map(str, repeated))} more than once; each length "
+              f"is measured once", file=sys.stderr)
     for kv in ([args.profile] if args.profile else args.kv_lens if args.suite in ("decode", "panel", "steady")
                else []):
         try:
@@ -440,6 +457,12 @@ def _steady_suite(args: argparse.Namespace) -> int:
             print("kbwork bench: the Dask sweep needs dask[distributed] (pip install -e '.[bench]'), or pass "
                   "--no-dask", file=sys.stderr)
             return 2
+    try:
+        import threadpoolctl  # noqa: F401
+    except ImportError:
+        print("kbwork bench: note: threadpoolctl is not installed (pip install -e '.[bench]'), so the float64 "
+              "references run on as many BLAS threads as numpy starts, competing with the simulator for the "
+              "cores; the figures are measured anyway", file=sys.stderr)
     result = run_suite(args.sweep_points, dask=not args.no_dask, kv_lens=tuple(args.kv_lens))
     result["machine"] = {"python": platform.python_version(), "platform": platform.platform(),
                          "processor": platform.processor(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}

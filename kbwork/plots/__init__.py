@@ -11,11 +11,20 @@ Artists the tests (and anyone styling a figure) look for carry a ``gid``:
 ``holds`` (one segment per hazard hold), ``critical-path`` (one outline per
 critical-path stage), ``critical-path-links`` (one segment per change of
 unit along the path) and ``winners`` (the image of each winner-map panel).
+
+One palette everywhere: a stage kind, an engine, a critical-path cause and a
+decode variant each have their colour (:data:`STAGE_COLORS`,
+:data:`ENGINE_COLORS`, :data:`CAUSE_COLORS`, :data:`VARIANT_COLORS`); any
+other category (a command of a tile, a variant without a colour of its own)
+takes the next of :data:`PALETTE`. Text on a coloured fill is white on a dark
+one and black on a light one. A figure has one µs axis (on top), facet titles
+and axis labels in words (``FIXED = 0 cycles``, not ``fixed_cycles = 0``).
 """
 
 from __future__ import annotations
 
 import textwrap
+import warnings
 from typing import Any, Iterable, Mapping, NamedTuple
 
 import matplotlib
@@ -63,10 +72,47 @@ CAUSE_COLORS = {
 #: streamed operand) are hatched. A tensor is named by its base name, the part before any ``[rows]``
 #: slice: decode's V tiles (``V[0:128]``, ...) are hatched, its K tiles plain.
 TENSOR_HATCH = {"V": "////"}
-#: One colour per decode variant (sweep plots, the winner map); other variants take tab10 colours.
+#: One colour per decode variant (sweep plots, the winner map, what-if bars); other variants take
+#: :data:`PALETTE` colours.
 VARIANT_COLORS = {"opt2": "#0072B2", "opt3": "#D55E00", "a1": "#009E73"}
 #: The colour of the hazard-hold bars on a Gantt.
 HOLD_COLOR = "#7B1E3A"
+#: Every other category, in order: Okabe-Ito's colour-blind-safe eight, then Paul Tol's muted nine.
+PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#56B4E9", "#CC79A7", "#F0E442", "#999999",
+           "#332288", "#88CCEE", "#44AA99", "#117733", "#999933", "#DDCC77", "#CC6677", "#882255", "#AA4499")
+
+
+class DensityWarning(UserWarning):
+    """A Gantt window holds more stages on one row than the Axes has pixels across: they smear."""
+
+
+#: Sweep axes and decode parameters in words, with their unit: facet titles and axis labels.
+AXIS_WORDS = {
+    "fixed_cycles": ("FIXED", "cycles"), "r_cycles_per_byte": ("R", "cycles/byte"), "kv_len": ("kv length", "tokens"),
+    "tile": ("tile", "rows"), "group": ("group G", "query rows"), "head_dim": ("head dim d", None),
+    "dtype": ("dtype", None), "hazard_policy": ("hazard policy", None), "dma_channels": ("DMA channels", None),
+}
+#: Values in words (hazard policies).
+VALUE_WORDS = {"strict_fifo": "strict FIFO", "rw_aware": "rw-aware"}
+
+
+def axis_label(name: str) -> str:
+    """An axis label for a sweep column: ``"fixed_cycles"`` -> ``"FIXED (cycles)"``; others as given."""
+    words, unit = AXIS_WORDS.get(name, (name, None))
+    return f"{words} ({unit})" if unit else words
+
+
+def facet_title(name: str, value: Any) -> str:
+    """A facet's title: ``("fixed_cycles", 0)`` -> ``"FIXED = 0 cycles"``, ``("hazard_policy", "rw_aware")``
+    -> ``"hazard policy = rw-aware"``."""
+    words, unit = AXIS_WORDS.get(name, (name, None))
+    return f"{words} = {_fmt_value(value)}" + (f" {unit}" if unit else "")
+
+
+def text_color(fill: Any) -> str:
+    """Black or white, whichever reads on ``fill`` (any matplotlib colour)."""
+    r, g, b = matplotlib.colors.to_rgb(fill)
+    return "white" if 0.299 * r + 0.587 * g + 0.114 * b < 0.5 else "black"
 
 _PALETTE = np.array([matplotlib.colors.to_rgba(STAGE_COLORS[k]) for k in STAGE_NAMES])
 _MOVERS = ("DMA_READ", "DMA_WRITE", "FETCH")
@@ -157,17 +203,20 @@ def commands_per_tile(op_log: pd.DataFrame) -> int:
 
 
 def tile_window(op_log: pd.DataFrame, tiles: Iterable[int]) -> tuple[int, int]:
-    """The cycle window ``(start, end)`` spanning every stage of the commands labelled with ``tiles``.
+    """The cycle window ``(start, end)`` spanning every stage of the commands labelled with ``tiles``;
+    from cycle 0 when the tiles include tile 0, so the first tiles' window shows the prologue (the loads and
+    fills before the loop) too.
 
     Raises:
         ValidationError: none of the tiles appear in the op_log.
     """
     check_schema(op_log)
-    sel = op_log[op_log["iter"].isin(list(tiles))]
+    tiles = list(tiles)
+    sel = op_log[op_log["iter"].isin(tiles)]
     if sel.empty:
-        raise ValidationError(f"no stages with iter in {list(tiles)}; the op_log has iters "
+        raise ValidationError(f"no stages with iter in {tiles}; the op_log has iters "
                               f"{sorted(op_log['iter'].unique())[:10]}...")
-    return int(sel["start"].min()), int(sel["end"].max())
+    return (0 if 0 in tiles else int(sel["start"].min())), int(sel["end"].max())
 
 
 # --- the Gantt chart -------------------------------------------------------------------------------------
@@ -275,8 +324,7 @@ def _draw_gantt(op_log: pd.DataFrame, ax: plt.Axes, window: tuple[int, int] | No
     n_path, causes = _draw_critical_path(ax, critical_path, tracks, window) if critical_path is not None else (0, ())
     ax.set_yticks(range(len(tracks)))
     ax.set_yticklabels(tracks)
-    # hold bars sit in the gap below their row: leave the last row's gap above the axis line
-    ax.set_ylim(len(tracks) - (0.35 if n_holds else 0.5), -0.5)
+    ax.set_ylim(len(tracks) - 0.5, -0.5)
     if window is not None:
         ax.set_xlim(*window)
     elif len(df):
@@ -288,6 +336,10 @@ def _draw_gantt(op_log: pd.DataFrame, ax: plt.Axes, window: tuple[int, int] | No
     return _Drawn(tuple(k for k in STAGE_NAMES if k in present), tuple(used_hatches), n_holds, n_path, causes)
 
 
+#: Where a hold bar sits, in rows below its row's centre: inside the row's stages (which span ±0.4).
+HOLD_OFFSET = 0.3
+
+
 def _draw_holds(ax: plt.Axes, op_log: pd.DataFrame, holds: pd.DataFrame, tracks: tuple[str, ...],
                 window: tuple[int, int] | None) -> int:
     holds = _check_frame(holds, "holds", ("cmd", "plan_end", "release"))
@@ -296,12 +348,13 @@ def _draw_holds(ax: plt.Axes, op_log: pd.DataFrame, holds: pd.DataFrame, tracks:
         holds = holds[(holds["release"] >= lo) & (holds["plan_end"] <= hi)]
     if holds.empty:
         return 0
-    # a thin bar in the gap just below the held command's row, from its PLAN end to its release
-    y = _hold_rows(op_log, holds, tracks) + 0.47
+    # a thin bar along the bottom edge of the held command's row, from its PLAN end to its release: on
+    # that row (in the gap below it, it read as the next row's), over its stages
+    y = _hold_rows(op_log, holds, tracks) + HOLD_OFFSET
     x0 = holds["plan_end"].to_numpy(np.float64)
     x1 = holds["release"].to_numpy(np.float64)
     segs = np.stack([np.stack([x0, y], axis=1), np.stack([x1, y], axis=1)], axis=1)
-    coll = LineCollection(segs, colors=HOLD_COLOR, linewidths=2.2, capstyle="butt")
+    coll = LineCollection(segs, colors=HOLD_COLOR, linewidths=2.2, capstyle="butt", zorder=2.5)
     coll.set_gid("holds")
     ax.add_collection(coll)
     return len(holds)
@@ -373,7 +426,8 @@ def _legend(ax: plt.Axes, handles: list) -> None:
 def gantt(op_log: pd.DataFrame, ax: plt.Axes | None = None, window: tuple[int, int] | None = None, *,
           highlight: dict | None = None, clock_ghz: float | None = 1.25, title: str | None = None,
           legend: bool = True, hatch: Mapping[str, str] | None = TENSOR_HATCH,
-          holds: pd.DataFrame | None = None, critical_path: pd.DataFrame | None = None) -> plt.Axes:
+          holds: pd.DataFrame | None = None, critical_path: pd.DataFrame | None = None,
+          dpi: float | None = None) -> plt.Axes:
     """Draw a Gantt chart: one row per engine unit (each DMA channel its own), one colour per stage kind.
 
     Args:
@@ -393,11 +447,18 @@ def gantt(op_log: pd.DataFrame, ax: plt.Axes | None = None, window: tuple[int, i
         critical_path: ``Run.critical_path()``: its stages outlined in black,
             and where the path moves to another unit a link coloured by the
             cause that bound the next start (:data:`CAUSE_COLORS`).
+        dpi: the resolution the figure will be saved at (default: the figure's),
+            for the density check below.
 
     Returns:
         The Axes. Stages are one PolyCollection per engine unit (plus one per
         hatch pattern on it), holds one LineCollection, the critical path one
-        PolyCollection and one LineCollection: 100k stages draw fast.
+        PolyCollection and one LineCollection: 100k stages draw fast. When a
+        unit has more stages in the window than the Axes has pixels across, a
+        :class:`DensityWarning` says so and how to draw it instead
+        (:func:`gantt_or_utilization`, or a narrower window), and holds and the
+        critical path are left out (drawn per stage, they would turn every row
+        black).
 
     Raises:
         ValidationError: ``op_log`` is not an op_log, a bad ``window`` or ``highlight``, or
@@ -418,6 +479,17 @@ def gantt(op_log: pd.DataFrame, ax: plt.Axes | None = None, window: tuple[int, i
                                   f"{{'cmd': 12}} or {{'iter': 3}}.")
     if ax is None:
         ax = _new_axes((12, 3.4))
+    width = _axes_width_px(ax, dpi)
+    unit, count = _densest(op_log, window)
+    if count > width:
+        left_out = [what for what, x in (("holds", holds), ("the critical path", critical_path)) if x is not None]
+        warnings.warn(DensityWarning(
+            f"plots.gantt: {unit} has {count:,} stages in the window but the Axes is {width:.0f} pixels wide, so "
+            f"they smear into one band" + (f" ({' and '.join(left_out)} left out: drawn per stage they would cover "
+                                           f"every bar)" if left_out else "")
+            + "; plots.gantt_or_utilization(...) draws utilisation over time instead, or give a narrower window "
+              "(e.g. plots.tile_window(op_log, range(3)))."), stacklevel=2)
+        holds = critical_path = None
     drawn = _draw_gantt(op_log, ax, window, highlight, hatch, holds, critical_path)
     _us_axis(ax, clock_ghz)
     if title:
@@ -431,11 +503,16 @@ def gantt(op_log: pd.DataFrame, ax: plt.Axes | None = None, window: tuple[int, i
 def too_dense(op_log: pd.DataFrame, window: tuple[int, int] | None, width_px: float) -> bool:
     """Whether some engine unit has more stages in ``window`` than ``width_px`` pixels can show (a Gantt
     would be a smear; :func:`utilization_over_time` says more)."""
+    return _densest(op_log, window)[1] > width_px
+
+
+def _densest(op_log: pd.DataFrame, window: tuple[float, float] | None) -> tuple[str, int]:
+    """The engine unit with the most stages in ``window``, and how many."""
     df = op_log if window is None else op_log[(op_log["end"] > window[0]) & (op_log["start"] < window[1])]
     if df.empty:
-        return False
+        return "", 0
     counts = pd.Categorical(df["engine"], categories=engine_tracks(op_log["engine"])).value_counts()
-    return bool(counts.max() > width_px)
+    return str(counts.idxmax()), int(counts.max())
 
 
 def _axes_width_px(ax: plt.Axes, dpi: float | None) -> float:
@@ -532,7 +609,7 @@ def gantt_or_utilization(op_log: pd.DataFrame, ax: plt.Axes | None = None,
         ax = _new_axes((12, 3.4))
     width = _axes_width_px(ax, dpi)
     if not too_dense(op_log, window, width):
-        gantt(op_log, ax=ax, window=window, clock_ghz=clock_ghz, title=title, **gantt_options)
+        gantt(op_log, ax=ax, window=window, clock_ghz=clock_ghz, title=title, dpi=dpi, **gantt_options)
         ax.set_gid("gantt")
         return ax
     lo, hi = window if window is not None else (0, int(op_log["end"].max()))
@@ -591,19 +668,20 @@ def compare_gantt(runs: Any, op_log_opt3: pd.DataFrame | None = None, tiles: int
     fig, axes = plt.subplots(n, 1, figsize=(13, 0.6 + 2.5 * n), sharex=True, layout="constrained", squeeze=False)
     axes = axes[:, 0]
     drawn = []
-    for ax, (name, (log, run, _params)) in zip(axes, parts.items()):
+    for i, (ax, (name, (log, run, _params))) in enumerate(zip(axes, parts.items())):
         k = commands_per_tile(log)
         who = f"{name} ({k} command{'s' if k != 1 else ''} per tile)"
         end = f" (the run takes {run.cycles:,} cycles)" if run is not None else ""
         label = f"{who}: first {tiles} tiles{end}"
+        clock = clock_ghz if i == 0 else None  # one µs axis, on top of the figure; the panels share it
         if too_dense(log, (0, hi), _axes_width_px(ax, dpi)):
-            gantt_or_utilization(log, ax=ax, window=(0, hi), dpi=dpi, clock_ghz=clock_ghz,
+            gantt_or_utilization(log, ax=ax, window=(0, hi), dpi=dpi, clock_ghz=clock,
                                  title=f"{who}: utilisation over the first {tiles} tiles{end}")
             continue
         drawn.append(_draw_gantt(log, ax, (0, hi), None, hatch, run.holds() if holds else None,
                                  run.critical_path() if critical_path else None))
         ax.set_gid("gantt")
-        _us_axis(ax, clock_ghz)
+        _us_axis(ax, clock)
         ax.set_title(label, loc="left", fontsize=10)
     for ax in axes[:-1]:
         ax.set_xlabel("")
@@ -643,9 +721,10 @@ def dispatch_per_tile(runs: Any, op_log_opt3: pd.DataFrame | None = None, tile: 
         ax: Axes to draw on (a new constrained-layout figure when ``None``).
 
     Returns:
-        The Axes. Each segment is labelled with its command and cycles where
-        the label fits inside it (split over lines, then smaller, then the
-        cycles alone, else no label).
+        The Axes. Each command label has the next :data:`PALETTE` colour; each
+        segment is labelled with its command and cycles where the label fits
+        inside it (split over lines, then smaller, then the cycles alone, else
+        no label), white on a dark fill, black on a light one.
 
     Raises:
         ValidationError: no variants, or a variant without DISPATCH stages for ``tile``.
@@ -654,8 +733,7 @@ def dispatch_per_tile(runs: Any, op_log_opt3: pd.DataFrame | None = None, tile: 
     logs = {name: _run_parts(x)[0] for name, x in named.items()}
     if ax is None:
         ax = _new_axes((9.5, 0.9 + 0.9 * len(logs)))
-    cmap = plt.get_cmap("tab20")
-    labels_seen: dict[str, tuple] = {}
+    labels_seen: dict[str, str] = {}
     totals: dict[str, int] = {}
     names = []
     texts = []
@@ -666,11 +744,11 @@ def dispatch_per_tile(runs: Any, op_log_opt3: pd.DataFrame | None = None, tile: 
         names.append(f"{name} ({len(d)} cmds)")
         left = 0
         for lab, cyc in zip(d["label"].astype(str), (d["end"] - d["start"]).astype(int)):
-            color = labels_seen.setdefault(lab, cmap(len(labels_seen) % 20))
+            color = labels_seen.setdefault(lab, PALETTE[len(labels_seen) % len(PALETTE)])
             bar = ax.barh(row, cyc, left=left, color=color, edgecolor="white", linewidth=0.8)[0]
             if cyc > 0:
-                texts.append((ax.text(left + cyc / 2, row, f"{lab}\n{cyc}", ha="center", va="center", fontsize=7),
-                              bar, lab, cyc))
+                texts.append((ax.text(left + cyc / 2, row, f"{lab}\n{cyc}", ha="center", va="center", fontsize=7,
+                                      color=text_color(color)), bar, lab, cyc))
             left += cyc
         totals[name] = left
         ax.text(left, row, f"  {left} cycles", va="center", fontsize=9)
@@ -784,8 +862,7 @@ def attribution(table: Any, ax: plt.Axes | None = None, *, by: str = "cause", ti
             bar.set_gid(f"attribution:{v}:{name}")
             total = int(g.sum())
             texts.append((ax.text(left + c / 2, row, f"{100 * c / total:.0f}%", ha="center", va="center",
-                                  fontsize=7, color="white" if by == "cause" and name in ("dependency", "hazard")
-                                  else "black"), bar))
+                                  fontsize=7, color=text_color(_color_for(by, name))), bar))
             left += c
         totals.append(left)
         ax.text(left, row, f"  {left:,}", va="center", fontsize=8)
@@ -837,7 +914,9 @@ def what_if(table: pd.DataFrame, ax: plt.Axes | None = None, *, title: str | Non
     Returns:
         The Axes: the x axis is the end-to-end time saved, in % of each
         variant's baseline (a bar at 0 means that engine is not worth
-        speeding up); each bar is labelled with its %.
+        speeding up); each bar is labelled with its %. Bars take their
+        variant's colour (:data:`VARIANT_COLORS`), or, for one run, their
+        engine's (:data:`ENGINE_COLORS`).
 
     Raises:
         ValidationError: ``table`` lacks the columns of ``analysis.what_if``.
@@ -852,7 +931,7 @@ def what_if(table: pd.DataFrame, ax: plt.Axes | None = None, *, title: str | Non
     if ax is None:
         ax = _new_axes((8.5, 1.2 + 0.22 * len(engines) * (len(variants) + 1)))
     height = 0.8 / len(variants)
-    colors = plt.get_cmap("tab10")
+    named = _variant_colors([v for v in variants if v])
     saved_all = []
     for i, v in enumerate(variants):
         g = df[df["variant"] == v].set_index("engine")
@@ -860,7 +939,9 @@ def what_if(table: pd.DataFrame, ax: plt.Axes | None = None, *, title: str | Non
                           for e in engines])
         saved_all.extend(saved)
         y = np.arange(len(engines)) - 0.4 + height * (i + 0.5)
-        bars = ax.barh(y, saved, height=height * 0.92, color=colors(i % 10), label=v or None)
+        # several variants: each its colour; one run: each engine's
+        color = named[v] if v else [_color_for("engine", e) for e in engines]
+        bars = ax.barh(y, saved, height=height * 0.92, color=color, label=v or None)
         for b, s in zip(bars, saved):
             ax.text(b.get_width(), b.get_y() + b.get_height() / 2, f" {s:.1f}%", va="center", fontsize=7)
     ax.set_yticks(range(len(engines)))
@@ -909,9 +990,9 @@ def scaling(sweep_df: pd.DataFrame, ax: plt.Axes | None = None, x: str = "kv_len
                               f"{', '.join(sorted(need))}.")
     if ax is None:
         ax = _new_axes((7, 4))
-    colors = VARIANT_COLORS
+    colors = _variant_colors(sorted(set(sweep_df["variant"])))
     ax.set_xscale("log", base=2)
-    ax.set_xlabel(x)
+    ax.set_xlabel(axis_label(x))
     if title:
         ax.set_title(title, loc="left", fontsize=10)
     if kind == "cycles":
@@ -950,17 +1031,14 @@ def scaling(sweep_df: pd.DataFrame, ax: plt.Axes | None = None, x: str = "kv_len
 
 
 def ratio_norm(values: Any, center: float = 1.0) -> TwoSlopeNorm:
-    """A colour norm centred on ``center`` whose range is fitted to ``values``: the data's extremes, with
-    ``center`` kept strictly inside (so a table of ratios all above 1 still spans the full colour range)."""
+    """A colour norm centred on ``center``, as far below it as above: ``center`` ± the largest distance of
+    ``values`` from it. The colour bar then has ``center`` in its middle and both sides visible, and a colour
+    reads the same distance from ``center`` on either side (a table of ratios all above 1 uses the upper
+    half of the colours, which says so)."""
     v = np.asarray(values, np.float64)
     v = v[np.isfinite(v)]
-    lo = float(v.min()) if v.size else center
-    hi = float(v.max()) if v.size else center
-    span = max(hi - center, center - lo, 1e-9)
-    # the side without data gets a sliver, so the side with data uses its whole colour ramp
-    vmin = lo if lo < center else center - 0.02 * span
-    vmax = hi if hi > center else center + 0.02 * span
-    return TwoSlopeNorm(vcenter=center, vmin=vmin, vmax=vmax)
+    span = max(float(np.abs(v - center).max()) if v.size else 0.0, 1e-9)
+    return TwoSlopeNorm(vcenter=center, vmin=center - span, vmax=center + span)
 
 
 def _level_list(x: str | Iterable[str] | None) -> list[str]:
@@ -968,8 +1046,11 @@ def _level_list(x: str | Iterable[str] | None) -> list[str]:
 
 
 def _fmt_value(v: Any) -> str:
-    """A tick or facet value: ints with thousands separators, everything else as it prints."""
-    return f"{v:,}" if isinstance(v, (int, np.integer)) and not isinstance(v, bool) else str(v)
+    """A tick or facet value: ints with thousands separators, known words (:data:`VALUE_WORDS`), everything
+    else as it prints."""
+    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+        return f"{v:,}"
+    return VALUE_WORDS.get(v, str(v)) if isinstance(v, str) else str(v)
 
 
 class _Facets(NamedTuple):
@@ -991,9 +1072,10 @@ class _Facets(NamedTuple):
             return None
 
     def name(self, r: tuple, c: tuple) -> str:
-        """The panel's title: its row facets on one line, its column facets on the next."""
+        """The panel's title in words (:func:`facet_title`): its row facets on one line, its column facets
+        on the next."""
         def line(levels: list[str], key: tuple) -> str:
-            return " · ".join(f"{lev} = {_fmt_value(v)}" for lev, v in zip(levels, key))
+            return " · ".join(facet_title(lev, v) for lev, v in zip(levels, key))
 
         return "\n".join(x for x in (line(self.row_levels, r), line(self.col_levels, c)) if x)
 
@@ -1030,7 +1112,8 @@ def ratio_heatmaps(ratios: pd.Series, *, facet: str | Iterable[str], row: str, c
         label: the colour bar's label.
 
     Returns:
-        The Figure; every cell is written with its value (white on dark cells).
+        The Figure; every cell is written with its value (white on dark cells). The colour bar has
+        ``center`` in its middle, both sides of it shown (:func:`ratio_norm`).
 
     Raises:
         ValidationError: the levels are not those of the index.
@@ -1060,28 +1143,27 @@ def ratio_heatmaps(ratios: pd.Series, *, facet: str | Iterable[str], row: str, c
                 dark = 0.299 * red + 0.587 * green + 0.114 * blue < 0.5
                 ax.text(b, a, fmt.format(v), ha="center", va="center", fontsize=9, color="white" if dark else "black")
             ax.set_xticks(range(t.shape[1]), [_fmt_value(v) for v in t.columns])
-            ax.set_yticks(range(t.shape[0]), [str(v) for v in t.index])
-            ax.set_xlabel(col)
+            ax.set_yticks(range(t.shape[0]), [_fmt_value(v) for v in t.index])
+            ax.set_xlabel(axis_label(col))
             ax.set_title(panels.name(r, c), fontsize=10)
-        axes[i, 0].set_ylabel(row)
+        axes[i, 0].set_ylabel(axis_label(row))
     cbar = fig.colorbar(im, ax=axes.ravel().tolist(), label=label)
-    # in proportion to the values (a TwoSlopeNorm bar gives each side of the centre half its length,
-    # which would spend half of it on the sliver below 1 that no cell uses)
-    cbar.ax.set_yscale("linear")
+    cbar.ax.set_yscale("linear")  # the norm is symmetric: linear keeps the centre in the middle
     cbar.ax.yaxis.set_major_locator(MaxNLocator(nbins=8, steps=[1, 2, 5, 10]))
     cbar.ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:.2f}"))
     return fig
 
 
 def _variant_colors(names: Iterable[str]) -> dict[str, str]:
-    """:data:`VARIANT_COLORS`, and a tab10 colour for any other variant (in the order given)."""
-    tab = plt.get_cmap("tab10")
+    """:data:`VARIANT_COLORS`, and for any other variant (in the order given) the next :data:`PALETTE`
+    colour that no variant has."""
+    free = [c for c in PALETTE if c not in VARIANT_COLORS.values()]
     out, k = {}, 0
     for n in names:
         if n in VARIANT_COLORS:
             out[n] = VARIANT_COLORS[n]
         else:
-            out[n] = matplotlib.colors.to_hex(tab((3 + k) % 10))
+            out[n] = free[k % len(free)]
             k += 1
     return out
 
@@ -1151,16 +1233,15 @@ def winner_map(table: pd.DataFrame, *, row: str, col: str, facet_row: str | Iter
                     detail = f"{cell['runner_up']} {_pct(cell['margin'])}"
                 else:
                     detail = f"{focus} {_pct(cell[f'{focus}/best'] - 1)}"
-                lum = float(np.dot(rgb[a, b], (0.299, 0.587, 0.114)))
                 ax.text(b, a, f"{v}\n{detail}", ha="center", va="center", fontsize=8, linespacing=1.3,
-                        color="white" if lum < 0.55 else "black")
+                        color=text_color(rgb[a, b]))
             im = ax.imshow(rgb, aspect="auto", interpolation="nearest")
             im.set_gid("winners")
             ax.set_xticks(range(len(cols_)), [_fmt_value(v) for v in cols_])
             ax.set_yticks(range(len(rows_)), [_fmt_value(v) for v in rows_])
-            ax.set_xlabel(col)
+            ax.set_xlabel(axis_label(col))
             ax.set_title(panels.name(r, c), fontsize=9)
-        axes[i, 0].set_ylabel(row)
+        axes[i, 0].set_ylabel(axis_label(row))
     what = (f"second line: how much longer {focus} takes than the fastest (where {focus} is fastest: the next "
             f"fastest)" if focus is not None else "second line: how much longer the next fastest variant takes")
     # the legend title says how to read a cell: wrapped to the figure's width (about 0.6 em a character)
@@ -1204,7 +1285,7 @@ def cycles_bars(sweep_df: pd.DataFrame, group: str = "hazard_policy", ax: plt.Ax
     variants = list(wide.columns)
     if ax is None:
         ax = _new_axes((6.5, 3.8))
-    colors = VARIANT_COLORS
+    colors = _variant_colors(variants)
     width = 0.8 / len(variants)
     for i, v in enumerate(variants):
         xs = np.arange(len(order)) - 0.4 + width * (i + 0.5)
@@ -1214,7 +1295,7 @@ def cycles_bars(sweep_df: pd.DataFrame, group: str = "hazard_policy", ax: plt.Ax
                     va="bottom", fontsize=7)
     labels = []
     for g in order:
-        text = str(g)
+        text = _fmt_value(g)
         if baseline in wide.columns:
             text += "".join(f"\n{v}/{baseline} = {wide.loc[g, v] / wide.loc[g, baseline]:.3f}"
                             for v in variants if v != baseline)
@@ -1223,7 +1304,7 @@ def cycles_bars(sweep_df: pd.DataFrame, group: str = "hazard_policy", ax: plt.Ax
     ax.set_ylim(0, float(np.nanmax(wide.to_numpy())) * 1.12)
     cycle_axis(ax.yaxis)
     ax.set_ylabel("end-to-end cycles")
-    ax.set_xlabel(group)
+    ax.set_xlabel(axis_label(group))
     if title:
         ax.set_title(title, loc="left", fontsize=10)
     ax.legend(fontsize=8, loc="upper right", frameon=False)
@@ -1235,16 +1316,26 @@ def gate_map(grid: pd.DataFrame, ax: plt.Axes | None = None, threshold: float = 
     """The dispatch ratio opt3/opt2 over a FIXED × R grid, with the ``ratio = threshold`` contour.
 
     ``grid`` is :func:`kbwork.analysis.ratio_grid` output (FIXED rows, R columns).
-    ``mark`` puts a star on one calibration (default: the default topology).
+    ``mark`` ``(FIXED, R)`` puts a star on one calibration (default: the default topology's), labelled
+    with its values (and "default" when it is the default topology's).
 
     Returns:
-        The Axes.
+        The Axes (of a new constrained-layout figure when ``ax`` is None).
+
+    Raises:
+        ValidationError: ``grid`` is not a non-empty DataFrame, or ``mark`` is not two numbers.
     """
     if not isinstance(grid, pd.DataFrame) or grid.empty:
         raise ValidationError("gate_map: grid must be a non-empty analysis.ratio_grid() DataFrame "
                               "(FIXED rows, R columns).")
+    if mark is not None:
+        try:
+            fixed, r_mark = (float(x) for x in mark)
+        except (TypeError, ValueError):
+            raise ValidationError(f"gate_map: mark={mark!r}; pass (FIXED, R), e.g. (40, 0.0625), or None.") \
+                from None
     if ax is None:
-        _, ax = plt.subplots(figsize=(6.5, 4.5))
+        ax = _new_axes((6.5, 4.5))
     f = grid.index.to_numpy(float)
     r = grid.columns.to_numpy(float)
     z = grid.to_numpy(float)
@@ -1254,7 +1345,13 @@ def gate_map(grid: pd.DataFrame, ax: plt.Axes | None = None, threshold: float = 
         cs = ax.contour(r, f, z, levels=[threshold], colors="white", linewidths=2)
         ax.clabel(cs, fmt=lambda v: f"ratio = {v:g}", fontsize=8)
     if mark is not None:
-        ax.plot(mark[1], mark[0], marker="*", color="red", markersize=14, label="default calibration")
+        from ..config import load_topology
+
+        default = load_topology()
+        is_default = (fixed, r_mark) == (default.fixed_cycles, default.r_cycles_per_byte)
+        ax.plot(r_mark, fixed, marker="*", color=STAGE_COLORS["GEMM"], markeredgecolor="white", markersize=15,
+                linestyle="none", label=f"FIXED = {fixed:g} cycles, R = {r_mark:g} cycles/byte"
+                                        + (" (default)" if is_default else ""))
         ax.legend(loc="upper right", fontsize=8)
     ax.set_xlabel("R (cycles per logical byte)")
     ax.set_ylabel("FIXED (cycles per command)")

@@ -1,0 +1,115 @@
+"""The command line a new user meets first: --version, python -m kbwork, the help, --set and --topology on
+every simulating subcommand, and a progress bar on long work (off with --quiet and --json)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import kbwork
+from kbwork import cli, decode
+from kbwork.cli import main
+
+REPO = Path(kbwork.__file__).resolve().parent.parent
+
+
+def _cli(argv, capsys):
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_version_and_python_dash_m(capsys):
+    code, out, _ = _cli(["--version"], capsys)
+    assert code == 0 and out.strip() == f"kbwork {kbwork.__version__}"
+    env = dict(os.environ, PYTHONPATH=str(REPO), MPLBACKEND="Agg")
+    p = subprocess.run([sys.executable, "-m", "kbwork", "--version"], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == f"kbwork {kbwork.__version__}"
+    p = subprocess.run([sys.executable, "-m", "kbwork", "compare", "--kv_len", "256"], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 2 and "did you mean --kv-len?" in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("command", ["compare", "explain", "run", "bench"])
+def test_help_names_the_choices_shows_defaults_and_no_checkout_path(command, capsys):
+    code, out, _ = _cli([command, "--help"], capsys)
+    assert code == 0
+    text = " ".join(out.split())
+    assert str(REPO) not in text, "an absolute checkout path in the help"
+    if command == "bench":
+        for suite in ("decode (default;", "gemm (", "panel (", "steady ("):
+            assert suite in text
+        return
+    assert "storage dtype of q, k, v (default bf16)" in text
+    assert "--set KEY=VALUE" in text and "--topology NAME_OR_FILE" in text and "--quiet" in text
+    if command == "run":
+        for v, spec in decode.VARIANTS.items():
+            assert f"{v} ({spec.commands_per_tile} commands per tile" in text
+
+
+def _cycles(argv, capsys):
+    code, out, err = _cli(argv, capsys)
+    assert code == 0, err
+    return out
+
+
+@pytest.mark.parametrize("how", ["set", "topology-file"])
+def test_any_topology_key_from_the_command_line_on_every_simulating_subcommand(how, tmp_path, capsys):
+    want = {v: decode.run(v, kv_len=512, mode="timing", dma_channels=2, dma_base_cycles=300).cycles
+            for v in ("opt2", "opt3")}
+    assert want != {v: decode.run(v, kv_len=512, mode="timing").cycles for v in want}
+    if how == "set":
+        extra = ["--set", "dma_channels=2", "--set", "dma_base_cycles=300"]
+    else:
+        path = tmp_path / "two-dma.toml"
+        path.write_text("name = 'two-dma'\ndma_channels = 2\ndma_base_cycles = 300\n")
+        extra = ["--topology", str(path)]
+    base = ["--kv-len", "512", "--mode", "timing", *extra]
+    out = _cycles(["run", "--variant", "opt2", *base], capsys)
+    assert f"end-to-end {want['opt2']} cycles" in out
+    assert json.loads(_cycles(["compare", *base, "--json"], capsys))["cycles"] == want
+    explained = json.loads(_cycles(["explain", *base, "--json"], capsys))["explain"]
+    assert {v: x["cycles"] for v, x in explained.items()} == want
+
+
+@pytest.mark.parametrize("argv,phases", [
+    (["run", "--variant", "opt2", "--kv-len", "256"], ["making the inputs and simulating opt2",
+                                                       "the float64 reference"]),
+    (["compare", "--kv-len", "256", "--mode", "timing"], ["simulating opt2, opt3", "finding what bounds each"]),
+    (["explain", "--kv-len", "256", "--variants", "opt2,a1"], ["simulating opt2", "simulating a1",
+                                                               "explaining where the time goes"]),
+])
+def test_a_progress_bar_of_the_phases_on_stderr_unless_quiet_or_json(argv, phases, capsys, monkeypatch):
+    monkeypatch.setattr(cli, "PROGRESS_DELAY", 0.0)  # long work shows it; here every phase is short
+    code, out, err = _cli(argv, capsys)
+    assert code == 0
+    for phase in phases:
+        assert f"kbwork: {phase}" in err
+    assert f"/{len(phases)} phases" in err and "phases" not in out
+    code, _, err = _cli([*argv, "--quiet"], capsys)
+    assert code == 0 and "phases" not in err
+    if argv[0] != "run":
+        code, out, err = _cli([*argv, "--json"], capsys)
+        assert code == 0 and "phases" not in err and json.loads(out)
+
+
+def test_no_bar_for_quick_work_and_none_left_behind_by_an_error(capsys, monkeypatch):
+    code, _, err = _cli(["compare", "--kv-len", "256", "--mode", "timing"], capsys)
+    assert code == 0 and "phases" not in err  # done before the bar's delay
+    monkeypatch.setattr(cli, "PROGRESS_DELAY", 0.0)
+
+    def fails(**kw):
+        raise kbwork.SimulationError("stuck")
+
+    monkeypatch.setattr(decode, "compare", fails)
+    code, _, err = _cli(["compare", "--kv-len", "256", "--mode", "timing"], capsys)
+    assert code == 2 and err.rstrip().endswith("kbwork: error: stuck")  # the error on a line of its own
