@@ -629,13 +629,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"kbwork {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    from .kernels.gqa_decode import DEFAULT_VARIANTS, VARIANTS
+    from .kernels.gqa_decode import DEFAULT_VARIANTS, VARIANTS, commands_per_tile
 
     def about(name: str) -> str:
-        v = VARIANTS[name]
-        per = getattr(v, "commands_per_tile", None)
-        what = getattr(v, "doc", "")
-        return f"{name}" + (f" ({per} commands per tile" + (f": {what})" if what else ")") if per else "")
+        what = VARIANTS[name].doc
+        return f"{name} ({commands_per_tile(name)} commands per tile" + (f": {what})" if what else ")")
 
     c = sub.add_parser("compare", help="opt2 vs opt3 (or any variants): dispatch ratio, gate, cycles, numerics")
     c.add_argument("--variants", type=variant_list, default=DEFAULT_VARIANTS,

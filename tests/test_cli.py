@@ -52,8 +52,10 @@ def test_help_names_the_choices_shows_defaults_and_no_checkout_path(command, cap
     assert "storage dtype of q, k, v (default bf16)" in text
     assert "--set KEY=VALUE" in text and "--topology NAME_OR_FILE" in text and "--quiet" in text
     if command == "run":
-        for v, spec in decode.VARIANTS.items():
-            assert f"{v} ({spec.commands_per_tile} commands per tile" in text
+        from kbwork.kernels.gqa_decode import commands_per_tile
+        assert [commands_per_tile(v) for v in ("opt2", "opt3", "a1")] == [2, 10, 3]
+        for v in decode.VARIANTS:
+            assert f"{v} ({commands_per_tile(v)} commands per tile" in text
 
 
 def _cycles(argv, capsys):

@@ -119,6 +119,23 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
 DEFAULT_VARIANTS = ("opt2", "opt3")
 
 
+def commands_per_tile(variant: str) -> int:
+    """How many commands one tile of ``variant`` emits: the body of its tile loop, as traced (two tiles of a
+    tiny decode in timing mode; nothing is declared by hand).
+
+    Raises:
+        ValidationError: an unknown variant.
+    """
+    from ..sim import Simulator
+
+    sim = Simulator(mode="timing")
+    G, d, T = 1, 16, 16
+    handles = (sim.hbm("q", shape=(G, d), dtype="bf16"), sim.hbm("K", shape=(3 * T, d), dtype="bf16"),
+               sim.hbm("V", shape=(3 * T, d), dtype="bf16"), sim.hbm("out", shape=(G, d), dtype="fp32"))
+    tl, _, _ = sim._trace(gqa_decode, handles, dict(variant=variant, tile=T))
+    return tl.trace().loops[0].cmds_per_iter
+
+
 def gqa_decode(tl: TLContext, q: Handle, k: Handle, v: Handle, out: Handle, *, variant: str, tile: int) -> None:
     """Emit the decode kernel. ``out`` (G, d) fp32 in HBM receives softmax(scale·QKᵀ)·V.
 
