@@ -338,13 +338,21 @@ _MEASURE_NAMES = {
 
 def format_suite(result: dict[str, Any]) -> list[str]:
     """The table (measure, variant, both sides, now, target, met?) and what was checked, as lines."""
-    head = f"{'measure':<60}{'variant':<10}{'kbwork':>11}{'against':>11}{'now':>8}{'target':>8}  met?"
+    head = (f"{'measure':<60}{'variant':<10}{'kbwork':>11}{'against':>11}{'now':>8}{'per pass':>12}{'target':>8}"
+            f"  met?")
     lines = [head, "-" * len(head)]
     for r in result["rows"]:
         name = _MEASURE_NAMES[r["measure"]].format(**r)
+        per = r.get("passes", {}).get("ratio")
+        per_pass = f"{min(per):.2f}-{max(per):.2f}" if per else ""
         lines.append(f"{name:<60}{r['variant']:<10}{_fmt(r['num'], r['unit']):>11}{_fmt(r['den'], r['unit']):>11}"
-                     f"{r['ratio']:>7.2f}x{'<= ' + format(r['target'], 'g') + 'x':>8}  "
+                     f"{r['ratio']:>7.2f}x{per_pass:>12}{'<= ' + format(r['target'], 'g') + 'x':>8}  "
                      f"{'yes' if r['met'] else 'NO'}")
+    over = [f"{r['measure']} {r['variant']}" for r in result["rows"]
+            if any(x > r["target"] for x in r.get("passes", {}).get("ratio", []))]
+    if over:
+        lines.append("over the target in one pass or more: " + ", ".join(over))
+    lines.append("now: each side's lowest pass median, divided; per pass: the ratio within each pass")
     for r in result["rows"]:
         if r["measure"] == "steady":
             lines.append(f"steady {r['variant']}: paths {r['path']} / {r['path_ref']}, period {r['period_tiles']} "
