@@ -7,6 +7,7 @@ second, op_log bytes per stage and time per tile. In the same run it replays
 each timing-mode stage graph in SimPy (checking every start and end against
 kbwork's), runs the bare heap floor on it, and times one vectorised numpy
 attention for data mode. ``--suite steady`` measures the exact steady state (``bench/steady.py``);
+``--suite loops`` measures the four targets of loops as data, each a ratio (``bench/loops.py``);
 ``--suite gemm`` times the GEMM benches instead; ``--suite panel`` times a
 slider move in the calibration panel, end to end in JupyterLab in headless Chromium
 (:mod:`kbwork.bench.panel`).
@@ -362,12 +363,14 @@ def main(argv: list[str] | None = None) -> int:
     from ..errors import KbworkError
 
     p = ArgumentParser(prog="kbwork bench", description=__doc__.splitlines()[0])
-    p.add_argument("--suite", choices=["decode", "gemm", "panel", "steady"], default="decode",
+    p.add_argument("--suite", choices=["decode", "gemm", "panel", "steady", "loops"], default="decode",
                    help="what to time: decode (default; opt2 and opt3 at each --kv-lens, timing and data mode, "
                         "against SimPy, the heap floor and numpy), gemm (the GEMM benches at each --scales), "
                         "panel (a calibration-panel slider move in JupyterLab in headless Chromium), steady "
                         "(the exact steady state against the full run, a sweep serially, on processes and on Dask, "
-                        "cold start)")
+                        "cold start), loops (four ratios, each side measured interleaved in one run: the steady "
+                        "state at 16M vs 4k tokens, the full run vs a bare heap loop, data mode vs a numpy "
+                        "flash-decode, a data-mode compare's peak memory vs its float32 K and V; fixed sizes)")
     p.add_argument("--kv-lens", type=int_list, default=None,
                    help=f"kv lengths, multiples of {TILE} (comma-separated; default "
                         f"{','.join(map(str, DEFAULT_KV))}, and {PANEL_KV} for the panel)")
@@ -387,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"instead: print phase timings and a cProfile summary of one opt3 run at KV_LEN "
                         f"(a multiple of {TILE})")
     args = p.parse_args(argv)
+    if args.suite == "loops" and args.kv_lens is not None:
+        p.error("--kv-lens does not apply to --suite loops: its sizes are fixed (16M and 4k, 32k, 256k tokens)")
     if args.kv_lens is None:
         from .steady import DEFAULT_KV as STEADY_KV
 
@@ -422,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
             return panel_main(args.kv_lens, args.moves, PASSES, args.out)
         if args.suite == "steady":
             return _steady_suite(args)
+        if args.suite == "loops":
+            return _loops_suite(args)
         if not args.no_refs:
             try:
                 import simpy  # noqa: F401
@@ -476,6 +483,42 @@ def _steady_suite(args: argparse.Namespace) -> int:
         return 2
     print(f"\nwrote {args.out / 'steady.json'}", file=sys.stderr)
     return 0
+
+
+def _loops_suite(args: argparse.Namespace) -> int:
+    from .. import atomic
+    from .loops import checks_failed, format_suite, run_suite
+
+    try:
+        import threadpoolctl  # noqa: F401
+    except ImportError:
+        print("kbwork bench: note: threadpoolctl is not installed (pip install -e '.[bench]'), so numpy's BLAS "
+              "runs on as many threads as it starts in the data measure, competing with the simulator for the "
+              "cores; the figures are measured anyway", file=sys.stderr)
+    result = run_suite()
+    result["machine"] = _machine()
+    for line in format_suite(result):
+        print(line)
+    bad = checks_failed(result)
+    for line in bad:
+        print(f"CHECK FAILED: {line}", file=sys.stderr)
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+        atomic.write_text(args.out / "loops.json", json.dumps(result, indent=1, default=float))
+    except OSError as exc:
+        print(f"kbwork bench: error: could not write {exc.filename!r}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    print(f"\nwrote {args.out / 'loops.json'}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def _machine() -> dict[str, str]:
+    import numpy
+    import pandas
+
+    return {"python": platform.python_version(), "numpy": numpy.__version__, "pandas": pandas.__version__,
+            "platform": platform.platform(), "processor": platform.processor(), "cpus": str(os.cpu_count()),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
 def _decode_suite(args: argparse.Namespace) -> int:
