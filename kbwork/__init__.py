@@ -6,10 +6,11 @@ Public surface (DESIGN.md §10): :func:`load_topology`, :class:`Simulator`,
 """
 
 from .config import Topology, load_topology
-from .errors import ConfigError, FileError, KbworkError, SimulationError, TcmOverflowError, ValidationError
+from .errors import (ConfigError, FileError, KbworkError, SimulationError, TcmOverflowError, TraceError,
+                     ValidationError)
 from .memory import Handle, Space
 from .pe.commands import Completion, CompositeCmd, DmaCmd, OpSpec, Scope
-from .sim import Run, Simulator
+from .sim import DeviceRun, Launch, Run, Simulator
 
 
 def clear_caches() -> None:
@@ -24,6 +25,6 @@ def clear_caches() -> None:
 
 __version__ = "0.1.0"
 
-__all__ = ["Topology", "load_topology", "Simulator", "Run", "Handle", "Space", "OpSpec", "Scope",
+__all__ = ["Topology", "load_topology", "Simulator", "Run", "Launch", "DeviceRun", "Handle", "Space", "OpSpec", "Scope",
            "CompositeCmd", "DmaCmd", "Completion", "KbworkError", "ConfigError", "ValidationError",
-           "TcmOverflowError", "SimulationError", "FileError", "clear_caches"]
+           "TcmOverflowError", "SimulationError", "FileError", "TraceError", "clear_caches"]

@@ -68,6 +68,10 @@ class Topology:
     math_cost_other: int = 1
     # memory
     tcm_bytes: int = 1 << 20
+    # the device (DESIGN.md §14)
+    pes: int = 1
+    hbm_channels: int = 1
+    channel_bytes_per_cycle: float = math.inf
     source: str = field(default="<defaults>", compare=False)
 
     def __post_init__(self) -> None:
@@ -81,6 +85,17 @@ class Topology:
         """
         _check_keys(overrides, where="override")
         return dataclasses.replace(self, **overrides)
+
+    @property
+    def channel_fraction(self) -> Fraction | None:
+        """A channel's bandwidth as the exact decimal it was written as (bytes per cycle), or None when it is
+        unconstrained (``inf``)."""
+        v = self.channel_bytes_per_cycle
+        return None if math.isinf(v) else exact_fraction(v)
+
+    def home_channel(self, pe: int) -> int:
+        """PE ``pe``'s home channel: ``pe // (pes / hbm_channels)`` (DESIGN.md §14)."""
+        return pe // (self.pes // self.hbm_channels)
 
     @property
     def r_fraction(self) -> Fraction:
@@ -135,7 +150,11 @@ def _check_keys(d: dict[str, Any], where: str) -> None:
 MAX_INT = 1 << 32
 MAX_TCM_BYTES = 1 << 30
 #: ``(low, high)`` for the float keys; ``low`` is exclusive where zero makes no machine.
-FLOAT_RANGES = {"clock_ghz": (1e-3, 1e3), "r_cycles_per_byte": (0.0, 1e6)}
+FLOAT_RANGES = {"clock_ghz": (1e-3, 1e3), "r_cycles_per_byte": (0.0, 1e6), "channel_bytes_per_cycle": (1e-6, 1e12)}
+#: A device has at most this many PEs (and channels).
+MAX_PES = 1 << 14
+#: Float keys that may be ``inf`` (unconstrained).
+_MAY_BE_INF = {"channel_bytes_per_cycle"}
 
 
 def _int_bound(key: str) -> int:
@@ -161,10 +180,14 @@ def _validate(t: Topology) -> None:
                               f"{_int_bound(key)} (2**{_int_bound(key).bit_length() - 1}).")
     for key in _FLOAT_KEYS:
         v = getattr(t, key)
-        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
-            raise ConfigError(f"topology key {key!r} must be a finite number, got {_describe(v)}.")
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or math.isnan(v) or \
+                (math.isinf(v) and (key not in _MAY_BE_INF or v < 0)):
+            allowed = "a positive number or inf (unconstrained)" if key in _MAY_BE_INF else "a finite number"
+            raise ConfigError(f"topology key {key!r} must be {allowed}, got {_describe(v)}.")
         object.__setattr__(t, key, float(v))
         v = float(v)
+        if math.isinf(v):
+            continue
         _check_sign(key, v)
         low, high = FLOAT_RANGES.get(key, (0.0, float(MAX_INT)))
         if v > high or 0 < v < low:
@@ -175,6 +198,12 @@ def _validate(t: Topology) -> None:
     if t.hazard_policy not in HAZARD_POLICIES:
         raise ConfigError(f"topology key 'hazard_policy' is {t.hazard_policy!r}; "
                           f"use one of {', '.join(HAZARD_POLICIES)}.")
+    for key in ("pes", "hbm_channels"):
+        if getattr(t, key) > MAX_PES:
+            raise ConfigError(f"topology key {key!r} is {getattr(t, key)}; a device has at most {MAX_PES}.")
+    if t.pes % t.hbm_channels:
+        raise ConfigError(f"topology keys 'pes' ({t.pes}) and 'hbm_channels' ({t.hbm_channels}): pes must be a "
+                          f"multiple of hbm_channels (each channel is home to pes / hbm_channels PEs).")
     if not isinstance(t.name, str) or not t.name:
         raise ConfigError(f"topology key 'name' must be a non-empty string, got {_describe(t.name)}.")
 

@@ -134,6 +134,8 @@ class Handle:
     dtype: str
     pinned: bool
     origin: Origin | None = field(default=None, compare=False, repr=False)
+    #: the HBM channel the tensor lives on (DESIGN.md §14; 0 for TCM): its transfers move bytes there
+    channel: int = field(default=0, compare=False)
     size: int = field(init=False, repr=False, compare=False)
     nbytes: int = field(init=False, repr=False, compare=False)
     end: int = field(init=False, repr=False, compare=False)
@@ -183,7 +185,7 @@ class Handle:
         start, stop = int(start), int(stop)
         row_bytes = self.nbytes // rows
         return Handle(f"{self.name}[{start}:{stop}]", self.space, self.addr + start * row_bytes,
-                      (stop - start,) + self.shape[1:], self.dtype, self.pinned, self.origin)
+                      (stop - start,) + self.shape[1:], self.dtype, self.pinned, self.origin, self.channel)
 
     def __repr__(self) -> str:
         shape = "x".join(map(str, self.shape))
@@ -200,7 +202,22 @@ def _row_slice(h: Handle, start: int, stop: int, origin: "Origin | None" = None)
     outside its tensor: nothing is ever emitted for it)."""
     row_bytes = h.nbytes // h.shape[0]
     return Handle(f"{h.name}[{start}:{stop}]", h.space, h.addr + start * row_bytes,
-                  (stop - start,) + h.shape[1:], h.dtype, h.pinned, h.origin if origin is None else origin)
+                  (stop - start,) + h.shape[1:], h.dtype, h.pinned, h.origin if origin is None else origin,
+                  h.channel)
+
+
+def _meets_affine(a: int, s: int, la: int, b: int, u: int, lb: int, n: int) -> bool:
+    """Whether ``[a + s·i, a + s·i + la)`` and ``[b + u·i, b + u·i + lb)`` overlap for some ``i`` in ``[0, n)``:
+    ``-la < (a - b) + (s - u)·i < lb``, a linear condition on ``i``."""
+    c, d = a - b, s - u
+    if d == 0:
+        return -la < c < lb
+    lo, hi = (-la - c) / d, (lb - c) / d  # the open interval of i where it holds
+    if d < 0:
+        lo, hi = hi, lo
+    first = max(0, math.floor(lo) + 1)
+    last = min(n - 1, math.ceil(hi) - 1)
+    return first <= last
 
 
 def _affine_text(x: "Index | int") -> str:
@@ -288,13 +305,14 @@ class LoopHandle(Handle):
             base = dict(kind="rows", root=parent, chain=((start, stop),))
         rep = _row_slice(parent, _at(start, 0), _at(stop, 0))
         return LoopHandle(text, rep.space, rep.addr, rep.shape, rep.dtype, rep.pinned, parent.origin,
-                          var=var, **base)
+                          parent.channel, var=var, **base)
 
     @staticmethod
     def named(root: Handle, prefix: "LoopHandle", suffix: str) -> "LoopHandle":
         """``root`` (a fixed buffer) under the name ``prefix.name_at(i) + suffix`` in iteration ``i``."""
         return LoopHandle(prefix.name + suffix, root.space, root.addr, root.shape, root.dtype, root.pinned,
-                          root.origin, var=prefix.var, kind="named", root=root, prefix=prefix, suffix=suffix)
+                          root.origin, root.channel, var=prefix.var, kind="named", root=root, prefix=prefix,
+                          suffix=suffix)
 
     def __getitem__(self, key: object) -> "LoopHandle":
         if not isinstance(key, slice) or key.step not in (None, 1):
@@ -308,7 +326,7 @@ class LoopHandle(Handle):
         if self.kind == "named":
             root = self.root
             return Handle(self.prefix.name_at(i) + self.suffix, root.space, root.addr, root.shape, root.dtype,
-                          root.pinned, root.origin)
+                          root.pinned, root.origin, root.channel)
         h = self.root if self.kind == "rows" else self.slots[self.slot.at(i) % len(self.slots)]
         for lo, hi in self.chain:
             h = _row_slice(h, _at(lo, i), _at(hi, i))
@@ -346,24 +364,28 @@ class LoopHandle(Handle):
                 None if self.prefix is None else self.prefix.symbolic_key, self.suffix)
 
     def overlaps(self, other: Handle) -> bool:
-        """True when this handle and ``other`` overlap in some iteration of the loop."""
+        """True when this handle and ``other`` (a plain handle, or a loop handle of the same loop, taken in the
+        same iteration) overlap in some iteration of the loop. Exact: ring slots are a finite set, row slices
+        move by a constant stride."""
         if self.space != other.space or not self.nbytes or not other.nbytes:
             return False
-        n = self.var.iterations if self.var is not None else 1
-        for i in self._sample_iterations(other, n):
-            a = self.at(i)
-            b = other.at(i) if isinstance(other, LoopHandle) else other
-            if a.addr < b.end and b.addr < a.end:
-                return True
-        return False
-
-    def _sample_iterations(self, other: Handle, n: int) -> range | list[int]:
-        # ring slots repeat with the ring's period: every phase is one of the first lcm(periods) iterations;
-        # row slices move monotonically, so within a loop they are checked at every iteration only when few
-        if n <= 4096:
-            return range(max(n, 1))
-        period = max(self.var.periods | {1}) if self.var is not None else 1
-        return sorted(set(range(min(n, 4 * period))) | {n - 1})
+        n = max(self.var.iterations, 1) if self.var is not None else 1
+        if not isinstance(other, LoopHandle):
+            if self.kind == "rows":
+                return _meets_affine(self.addr, self.stride, self.nbytes, other.addr, 0, other.nbytes, n)
+            if self.kind == "ring" and not self.chain:
+                return any(x.overlaps(other) for x in self.slots)
+            if self.kind == "named":
+                return self.root.overlaps(other)
+        elif self.kind == "rows" and other.kind == "rows":
+            return _meets_affine(self.addr, self.stride, self.nbytes, other.addr, other.stride, other.nbytes, n)
+        elif self.kind in ("ring", "named") and other.kind in ("ring", "named") and not self.chain \
+                and not other.chain:
+            period = math.lcm(len(self.slots) or 1, len(other.slots) or 1)
+            return any(self.at(i).overlaps(other.at(i)) for i in range(min(n, period)))
+        # anything else: every iteration (few), or the first ones and the last
+        samples = range(n) if n <= 4096 else sorted(set(range(64)) | {n - 1})
+        return any(self.at(i).overlaps(other.at(i) if isinstance(other, LoopHandle) else other) for i in samples)
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, LoopHandle) and self.name == other.name and self.addr == other.addr
@@ -410,7 +432,7 @@ class Ring:
             var.periods.add(n // math.gcd(key.a, n) if key.a else 1)
             rep = self.slots[key.at(0) % n]
             return LoopHandle(f"{self.name}[{key.text}]", rep.space, rep.addr, rep.shape, rep.dtype, rep.pinned,
-                              rep.origin, var=var, kind="ring", slots=self.slots, slot=key)
+                              rep.origin, rep.channel, var=var, kind="ring", slots=self.slots, slot=key)
         if _is_int(key):
             return self.slots[int(key) % n]
         raise ValidationError(f"ring {self.name!r}: index it with an int or a tl.range index (S[j], S[j + 1]), "
@@ -468,8 +490,9 @@ class Arena:
     def free(self) -> int | None:
         return None if self.capacity is None else self.capacity - self.top
 
-    def alloc(self, name: str, shape: object, dtype: object) -> Handle:
-        """Allocate a tensor and return its handle (origin: this arena, in the innermost open scope).
+    def alloc(self, name: str, shape: object, dtype: object, channel: int = 0) -> Handle:
+        """Allocate a tensor and return its handle (origin: this arena, in the innermost open scope; an HBM
+        tensor lives on ``channel``).
 
         Raises:
             ValidationError: a bad name, shape or dtype, or a tensor too large to lay out.
@@ -504,7 +527,7 @@ class Arena:
             self._views.clear()  # the old views point into the old buffer
         self.top = addr + nbytes
         h = Handle(name, self.space, addr, shape, dtype, self.space == Space.TCM,
-                   self._scopes[-1] if self._scopes else self.origin)
+                   self._scopes[-1] if self._scopes else self.origin, channel)
         self.live.append(h)
         return h
 
@@ -613,10 +636,12 @@ class Memory:
     def __repr__(self) -> str:
         return f"Memory({self.label}: {self.hbm!r}, {self.tcm!r})"
 
-    def new_tcm(self) -> Arena:
-        """Start a fresh TCM for a new kernel launch (handles of the previous one are refused from now on)."""
+    def new_tcm(self, label: str | None = None) -> Arena:
+        """Start a fresh TCM for a new kernel launch (handles of the previous one are refused from now on);
+        ``label`` says which launch (``"PE 3, launch 1"``) on a device."""
         self.runs += 1
-        self.tcm = Arena(Space.TCM, self.tcm_bytes, self.backed, f"the TCM of run {self.runs} of {self.label}")
+        what = f"run {self.runs}" + (f" ({label})" if label else "")
+        self.tcm = Arena(Space.TCM, self.tcm_bytes, self.backed, f"the TCM of {what} of {self.label}")
         return self.tcm
 
     def arena(self, h: Handle) -> Arena:

@@ -1,6 +1,6 @@
 """The op_log: one row per executed stage, as a pandas DataFrame (DESIGN.md §6).
 
-Columns, in this order: ``seq, cmd, iter, label, stage, engine, op_kind,
+Columns, in this order: ``seq, pe, cmd, iter, label, stage, engine, op_kind,
 phase, tile, k_tile, tensor, bytes, ready, start, end``. The canonical CSV
 has the same order, no index and ``\\n`` line endings; the Perfetto/Chrome-trace
 export has one track per engine unit (each DMA channel its own) with times in
@@ -24,9 +24,9 @@ from .pe.scheduler import Schedule as Program
 from .pe.stages import Engine, Phase, StageKind, unit_names
 from .device.records import Timeline
 
-COLUMNS = ("seq", "cmd", "iter", "label", "stage", "engine", "op_kind", "phase", "tile", "k_tile", "tensor",
+COLUMNS = ("seq", "pe", "cmd", "iter", "label", "stage", "engine", "op_kind", "phase", "tile", "k_tile", "tensor",
            "bytes", "ready", "start", "end")
-INT_COLUMNS = ("seq", "cmd", "iter", "tile", "k_tile", "bytes", "ready", "start", "end")
+INT_COLUMNS = ("seq", "pe", "cmd", "iter", "tile", "k_tile", "bytes", "ready", "start", "end")
 ENGINE_NAMES = tuple(e.name for e in Engine)
 STAGE_NAMES = tuple(k.name for k in StageKind)
 PHASE_NAMES = tuple(p.label for p in Phase)
@@ -52,8 +52,9 @@ def _categorical(values: Sequence[str] | pd.Categorical) -> pd.Categorical:
     return pd.Categorical.from_codes(codes, dtype=_dtype(cats), validate=False)
 
 
-def build_op_log(prog: Program, timeline: Timeline) -> pd.DataFrame:
-    """Assemble the op_log DataFrame of a simulated program (rows in seq order).
+def build_op_log(prog: Program, timeline: Timeline, pe: int = 0, seq_offset: int = 0) -> pd.DataFrame:
+    """Assemble the op_log DataFrame of a simulated program (rows in seq order) run on PE ``pe``, its stages
+    numbered from ``seq_offset`` (a device run numbers its PEs' stages one PE after another).
 
     ``engine`` names the unit each stage ran on (``PE_DMA0``, ``PE_DMA1``, ...
     when PE_DMA has several channels); its categories are every unit, in
@@ -69,7 +70,8 @@ def build_op_log(prog: Program, timeline: Timeline) -> pd.DataFrame:
     label_code = {lab: i for i, lab in enumerate(labels)}
     cmd_label = np.array([label_code[lab] for lab in prog.labels], dtype=np.int32)
     data = {
-        "seq": np.arange(n, dtype=np.int64),
+        "seq": np.arange(seq_offset, seq_offset + n, dtype=np.int64),
+        "pe": np.full(n, pe, dtype=np.int64),
         "cmd": cmd,
         "iter": np.array(prog.iters, dtype=np.int64)[cmd] if n else np.zeros(0, np.int64),
         "label": pd.Categorical.from_codes(cmd_label[cmd] if n else np.zeros(0, np.int32), dtype=_dtype(labels),
@@ -213,10 +215,12 @@ def _us(ns: np.ndarray) -> np.ndarray:
 
 
 def to_perfetto(op_log: pd.DataFrame, path: str | Path | None = None, clock_ghz: float = 1.25,
-                process_name: str = "AHBM PE", critical_path: pd.DataFrame | None = None) -> dict:
+                process_name: str = "AHBM PE", critical_path: pd.DataFrame | None = None,
+                counters: dict[str, Sequence[tuple[int, float]]] | None = None) -> dict:
     """Export as Chrome-trace JSON (``"ph": "X"`` events) that Perfetto's UI opens.
 
-    One thread (track) per engine unit, in track order (each DMA channel its
+    One process per PE (``process_name``, then ``PE p`` on a device), one
+    thread (track) per engine unit of it, in track order (each DMA channel its
     own), named by metadata events. Times are whole nanoseconds from
     ``clock_ghz`` (:func:`cycles_to_ns`), rounded before ``dur`` is taken, and
     written in µs (``ts = ns(start) / 1000``, ``dur = (ns(end) - ns(start)) /
@@ -231,6 +235,10 @@ def to_perfetto(op_log: pd.DataFrame, path: str | Path | None = None, clock_ghz:
     Perfetto's flow format that binds to the event itself, and an arg
     ``cause`` when the path gives one.
 
+    ``counters`` (name -> ``(cycle, value)`` steps, e.g. each HBM channel's
+    bytes per cycle in use) become counter tracks (``"ph": "C"``) of their own
+    process.
+
     Returns:
         The trace as a dict (also written to ``path`` if given).
 
@@ -242,11 +250,16 @@ def to_perfetto(op_log: pd.DataFrame, path: str | Path | None = None, clock_ghz:
     if isinstance(clock_ghz, bool) or not isinstance(clock_ghz, (int, float)) or not 0 < clock_ghz < float("inf"):
         raise ValidationError(f"to_perfetto: clock_ghz must be a positive number of GHz, got {clock_ghz!r}.")
     tracks = engine_tracks(op_log["engine"])
-    events: list[dict] = [{"ph": "M", "name": "process_name", "pid": 1, "tid": 0,
-                           "args": {"name": process_name}}]
-    for i, name in enumerate(tracks):
-        events.append({"ph": "M", "name": "thread_name", "pid": 1, "tid": i, "args": {"name": name}})
-        events.append({"ph": "M", "name": "thread_sort_index", "pid": 1, "tid": i, "args": {"sort_index": i}})
+    pes = sorted(pd.unique(op_log["pe"].to_numpy()).tolist()) or [0]
+    events: list[dict] = []
+    for p in pes:
+        name = process_name if len(pes) == 1 else f"PE {p}"
+        events.append({"ph": "M", "name": "process_name", "pid": p + 1, "tid": 0, "args": {"name": name}})
+        events.append({"ph": "M", "name": "process_sort_index", "pid": p + 1, "tid": 0, "args": {"sort_index": p}})
+        for i, tname in enumerate(tracks):
+            events.append({"ph": "M", "name": "thread_name", "pid": p + 1, "tid": i, "args": {"name": tname}})
+            events.append({"ph": "M", "name": "thread_sort_index", "pid": p + 1, "tid": i,
+                           "args": {"sort_index": i}})
     track_of = {n: i for i, n in enumerate(tracks)}
     ns_start = cycles_to_ns(op_log["start"].to_numpy(), clock_ghz)
     ns_end = cycles_to_ns(op_log["end"].to_numpy(), clock_ghz)
@@ -270,12 +283,14 @@ def to_perfetto(op_log: pd.DataFrame, path: str | Path | None = None, clock_ghz:
                 mark["cause"] = cause
             flow[row_of[q]] = mark
     cols = op_log[list(COLUMNS)].itertuples(index=False, name=None)
-    for i, (seq, cmd, it, label, stage, engine, op_kind, phase, tile, k_tile, tensor, nbytes, ready, start,
+    for i, (seq, pe, cmd, it, label, stage, engine, op_kind, phase, tile, k_tile, tensor, nbytes, ready, start,
             end) in enumerate(cols):
         name = f"{stage} {op_kind}" + (f" {tensor}" if tensor else "")
         event = {
-            "name": name, "cat": stage, "ph": "X", "pid": 1, "tid": track_of[engine], "ts": ts[i], "dur": dur[i],
-            "args": {"seq": int(seq), "cmd": int(cmd), "iter": int(it), "label": label, "phase": phase,
+            "name": name, "cat": stage, "ph": "X", "pid": int(pe) + 1, "tid": track_of[engine], "ts": ts[i],
+            "dur": dur[i],
+            "args": {"seq": int(seq), "pe": int(pe), "cmd": int(cmd), "iter": int(it), "label": label,
+                     "phase": phase,
                      "tile": int(tile), "k_tile": int(k_tile), "bytes": int(nbytes), "ready_cycle": int(ready),
                      "start_cycle": int(start), "end_cycle": int(end)},
         }
@@ -286,7 +301,41 @@ def to_perfetto(op_log: pd.DataFrame, path: str | Path | None = None, clock_ghz:
                 event["args"]["cause"] = cause
             event.update(mark)
         events.append(event)
+    if counters:
+        cpid = max(pes) + 2
+        events.append({"ph": "M", "name": "process_name", "pid": cpid, "tid": 0, "args": {"name": "HBM channels"}})
+        events.append({"ph": "M", "name": "process_sort_index", "pid": cpid, "tid": 0,
+                       "args": {"sort_index": max(pes) + 1}})
+        for cname, steps in counters.items():
+            cyc = np.asarray([c for c, _ in steps], np.int64)
+            cts = _us(cycles_to_ns(cyc, clock_ghz)).tolist()
+            for t_us, (_, v) in zip(cts, steps):
+                events.append({"ph": "C", "name": cname, "pid": cpid, "tid": 0, "ts": t_us,
+                               "args": {"bytes per cycle": float(v)}})
     trace = {"traceEvents": events, "otherData": {"clock_ghz": clock_ghz, "source": "kbwork"}}
     if path is not None:
         atomic.write_text(path, json.dumps(trace, separators=(",", ":")))
     return trace
+
+
+def concat_op_logs(logs: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    """Several op_logs (a device's PEs, each numbered in the device's seq) as one, the categorical columns'
+    categories united (sorted, as ``read_csv`` rebuilds them) so the result keeps the op_log's dtypes."""
+    if len(logs) == 1:
+        return logs[0]
+    data = {}
+    for col in COLUMNS:
+        parts = [lg[col] for lg in logs]
+        if isinstance(parts[0].dtype, pd.CategoricalDtype) and col not in ("stage", "phase", "engine"):
+            cats = sorted(set().union(*(p.cat.categories for p in parts)))
+            dtype = pd.CategoricalDtype(cats)
+            data[col] = pd.Categorical(pd.concat([p.astype(dtype) for p in parts], ignore_index=True), dtype=dtype)
+        elif isinstance(parts[0].dtype, pd.CategoricalDtype):
+            cats = parts[0].cat.categories
+            if col == "engine":  # every PE has the same units
+                cats = max((p.cat.categories for p in parts), key=len)
+            dtype = pd.CategoricalDtype(list(cats))
+            data[col] = pd.Categorical(pd.concat([p.astype(dtype) for p in parts], ignore_index=True), dtype=dtype)
+        else:
+            data[col] = np.concatenate([p.to_numpy() for p in parts])
+    return _frame(data, sum(len(lg) for lg in logs))

@@ -8,7 +8,7 @@ import itertools
 import threading
 from pathlib import Path
 from time import perf_counter
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -16,9 +16,11 @@ import pandas as pd
 from .config import Topology, load_topology
 from .errors import SimulationError, ValidationError
 from .memory import DTYPE_MAX, DTYPES, Handle, Memory, Space, canonical_dtype, check_shape
-from .oplog import build_op_log, to_csv, to_perfetto
+from .oplog import build_op_log, concat_op_logs, to_csv, to_perfetto
 from .device import CAUSES, Bindings, Timeline
-from .device.steady import check_steady_state, simulate_program
+from .device.device import Reductions, simulate_device
+from .device.loop import LaunchMemory
+from .device.steady import SteadyState, check_steady_state, simulate_pe
 from .pe.scheduler import Program
 from .pe.tiling import StagingRing
 from .triton_emu.tl_context import TLContext
@@ -82,24 +84,32 @@ class Simulator:
     def __repr__(self) -> str:
         return f"Simulator({self.topo.name}, mode={self.mode!r}, {len(self._hbm)} HBM tensors)"
 
-    def hbm(self, name: str, array: Any = None, *, shape: Any = None, dtype: Any = None) -> Handle:
-        """Place a host tensor in HBM and return its handle.
+    def hbm(self, name: str, array: Any = None, *, shape: Any = None, dtype: Any = None, channel: int = 0) -> Handle:
+        """Place a host tensor in HBM, on HBM channel ``channel``, and return its handle.
 
         Pass ``array`` (rounded to ``dtype``, default: the array's own dtype if
         supported, else fp32), or ``shape``/``dtype`` for an uninitialised
         (zeroed) output. In timing mode no bytes are kept, but the array is
-        checked all the same.
+        checked all the same. Every transfer of the tensor's bytes moves on its
+        channel (DESIGN.md §14); a PE's home channel is
+        ``topology.home_channel(pe)``.
 
         Raises:
             ValidationError: a bad or duplicate name, neither array nor shape (or
                 both, disagreeing), a shape that is not 1-D/2-D ints, an array that
                 is not real numbers (complex, bool, strings, objects), NaN or inf,
-                or values that overflow ``dtype`` (1e39 to fp32, 7e4 to fp16).
+                values that overflow ``dtype`` (1e39 to fp32, 7e4 to fp16), or a
+                channel the topology does not have.
         """
         if not isinstance(name, str) or not name:
             raise ValidationError(f"sim.hbm: the name must be a non-empty string, got {name!r}.")
         if name in self._hbm:
             raise ValidationError(f"HBM tensor {name!r} already exists; pick another name.")
+        if isinstance(channel, (bool, np.bool_)) or not isinstance(channel, (int, np.integer)) or \
+                not 0 <= channel < self.topo.hbm_channels:
+            raise ValidationError(f"sim.hbm({name!r}): channel={channel!r} is not an HBM channel of "
+                                  f"{self.topo.name} (it has {self.topo.hbm_channels}: 0 .. "
+                                  f"{self.topo.hbm_channels - 1}).")
         arr = None
         if array is None:
             if shape is None:
@@ -120,7 +130,7 @@ class Simulator:
             shape = check_shape(name, arr.shape)
         hbm = self.memory.hbm
         top = hbm.top
-        h = hbm.alloc(name, shape, dtype)
+        h = hbm.alloc(name, shape, dtype, int(channel))
         if arr is not None:
             try:  # checked and written a chunk at a time: no full-size copy of a large tensor beside it
                 place(name, arr, dtype, hbm.view(h) if self.memory.backed else None)
@@ -161,44 +171,112 @@ class Simulator:
         check_steady_state(steady_state, "Simulator.run")
         return self._run(kernel, args, kwargs, steady_state)
 
-    def _new_launch(self) -> tuple[Any, Handle]:
+    def run_device(self, launches: Mapping[int, Sequence["Launch"]], *, steady_state: bool = True,
+                   reductions: bool = True) -> "Run":
+        """Run launches on the device's PEs (DESIGN.md §14): PE ``p`` runs ``launches[p]`` in order, back to back.
+
+        Every PE starts at cycle 0; a launch's first DISPATCH is ready when the launch before it on that PE has
+        ended, and it sees a fresh TCM, staging ring, queue and hazard state. PEs share the HBM channels' bandwidth,
+        never data: before anything is simulated, a run is refused if a PE writes bytes another PE reads or
+        writes. Each kernel is called exactly once per launch.
+
+        Args:
+            launches: PE -> its :class:`Launch` es (PEs ``0 .. pes - 1`` of the topology; PEs not named run nothing).
+            steady_state: timing mode: insert the remaining periods of ``tl.range`` loops once proven (DESIGN.md
+                §12); keyword-only, a ``bool``. Data mode simulates every stage.
+            reductions: split the PEs into groups that share no contended channel and replicate identical groups
+                (DESIGN.md §14); ``False`` simulates every PE in one event loop, the plain simulation the
+                reductions reproduce exactly (a check, not a setting that changes results).
+
+        Returns:
+            A :class:`Run` of the device: the op_log (with its ``pe`` column), per-PE runs (``run.pe(p)``), the
+            critical path of the PE that finishes last, ``run.reductions`` (which exact reductions ran).
+
+        Raises:
+            ValidationError: bad launches (not a mapping of PEs to lists of Launch, a PE the topology does not
+                have), a PE writing another PE's bytes, or any error of a kernel's ``tl`` calls.
+            SimulationError: a program deadlocks, or a launch emits no commands.
+        """
+        check_steady_state(steady_state, "Simulator.run_device")
+        if not isinstance(reductions, bool):
+            raise ValidationError(f"Simulator.run_device: reductions must be True or False, got {reductions!r}.")
+        plan = _check_launches(launches, self.topo)
+        return self._run_device(plan, steady_state, reductions)
+
+    def _new_launch(self, label: str | None = None) -> tuple[Any, Handle]:
         """A fresh TCM for a kernel launch, with the scheduler's staging buffers allocated first."""
-        tcm = self.memory.new_tcm()
+        tcm = self.memory.new_tcm(label)
         return tcm, tcm.alloc("<staging buffers>", (StagingRing.bytes_for(self.topo) // 4,), "fp32")
 
-    def _trace(self, kernel, args, kwargs) -> tuple[TLContext, Any, Handle]:
+    def _trace(self, kernel, args, kwargs, label: str | None = None) -> tuple[TLContext, Any, Handle]:
         """Call the kernel once on a fresh TCM: its context (trace, names), the TCM and the staging buffers."""
-        tcm, staging = self._new_launch()
+        tcm, staging = self._new_launch(label)
         tl = TLContext(self.topo, self.memory)
         kernel(tl, *args, **kwargs)
         return tl, tcm, staging
 
     def _run(self, kernel, args, kwargs, steady_state: bool = True) -> "Run":
+        return self._run_device({0: [Launch(kernel, *args, **kwargs)]}, steady_state)
+
+    def _run_device(self, plan: dict[int, list["Launch"]], steady_state: bool, reductions: bool = True) -> "Run":
         with gc_paused():
             t0 = perf_counter()
-            tl, tcm, staging = self._trace(kernel, args, kwargs)
-            trace = tl.trace()
-            if not trace.n_commands:
-                raise SimulationError(f"kernel {getattr(kernel, '__name__', kernel)!r} emitted no commands.")
             data = self.mode == "data"
+            programs, memories, names, tcms = self._programs(plan)
             t1 = perf_counter()
-            prog = Program(trace, self.topo, with_effects=data, staging_base=staging.addr)
-            timeline, sched, state = simulate_program(prog, self.memory if data else None,
-                                                      steady_state=steady_state and not data,
-                                                      why_full="data mode computes every number" if data else
-                                                      "steady_state=False")
+            results, red = simulate_device(programs, self.topo, list(self._hbm.values()),
+                                           memories if data else None, steady_state=steady_state and not data,
+                                           why_full="data mode computes every number" if data else
+                                           "steady_state=False", reduce=reductions)
             t2 = perf_counter()
             writes: tuple = ()
             snapshot: tuple = ()
             if data:
-                writes = _merge([(lo, hi) for ranges in sched.writes for is_tcm, lo, hi in ranges if not is_tcm])
+                writes = _merge([(lo, hi) for _, sched, _ in results.values() for ranges in sched.writes
+                                 for is_tcm, lo, hi in ranges if not is_tcm])
                 snapshot = tuple((lo, hi, self.memory.hbm.buf[lo:hi].copy()) for lo, hi in writes)
             self._hbm_writes.append(writes)
-            run = Run(self, sched, timeline, dict(self._hbm), tl.names, tcm, len(self._hbm_writes) - 1, snapshot)
-            run.steady_state = state
-            run._source = prog
+            index = len(self._hbm_writes) - 1
+            runs = {}
+            offset = 0
+            for pe in sorted(results):
+                timeline, sched, state = results[pe]
+                r = Run(self, sched, timeline, dict(self._hbm), names, tcms, index, snapshot)
+                r.steady_state = state
+                r._source = programs[pe]
+                r.pe_index, r.seq_offset = pe, offset
+                offset += r.n_stages
+                runs[pe] = r
+            run = runs[0] if list(runs) == [0] else DeviceRun(self, runs, red)
+            run.reductions = red
             run.timings = {"emit": t1 - t0, "simulate": t2 - t1}
             return run
+
+    def _programs(self, plan: dict[int, list["Launch"]]) -> tuple[dict, dict, dict, list]:
+        """Trace every launch of ``plan`` (each kernel called once, on a fresh TCM): PE -> its programs, PE -> each
+        launch's memory, the names the kernels gave, and the TCMs."""
+        data = self.mode == "data"
+        programs: dict[int, list[Program]] = {}
+        memories: dict[int, list[Any]] = {}
+        names: dict[str, list[Handle]] = {}
+        tcms: list[Any] = []
+        several = len(plan) > 1 or any(len(v) > 1 for v in plan.values())
+        for pe, lst in plan.items():
+            programs[pe], memories[pe] = [], []
+            for i, launch in enumerate(lst):
+                label = f"PE {pe}, launch {i}" if several else None
+                tl, tcm, staging = self._trace(launch.kernel, launch.args, launch.kwargs, label)
+                trace = tl.trace()
+                if not trace.n_commands:
+                    kname = getattr(launch.kernel, "__name__", launch.kernel)
+                    raise SimulationError(f"kernel {kname!r} emitted no commands"
+                                          + (f" (PE {pe}, launch {i})." if several else "."))
+                programs[pe].append(Program(trace, self.topo, with_effects=data, staging_base=staging.addr))
+                memories[pe].append(LaunchMemory(self.memory.hbm, tcm))
+                tcms.append(tcm)
+                for n, hs in tl.names.items():
+                    names.setdefault(n, []).extend(hs)
+        return programs, memories, names, tcms
 
     def _read_hbm(self, h: Handle, run: "Run") -> np.ndarray:
         """``h``'s bytes as ``run`` left them: what it wrote from its snapshot, the rest from HBM if no later run moved it."""
@@ -298,6 +376,55 @@ def _merge(ranges: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
     return tuple((lo, hi) for lo, hi in out)
 
 
+def _rescaled(prog: Program, engine: int, factor: Any) -> Program:
+    """``prog`` (timing mode) with every stage of ``engine`` taking ``ceil(d / factor)`` cycles."""
+    return Program(prog.trace, prog.topo, staging_base=prog.staging_base, scale={int(engine): factor})
+
+
+class Launch:
+    """One kernel launch on a PE of a device run: ``Launch(kernel, *args, **kwargs)`` (DESIGN.md §14).
+
+    ``kernel(tl, *args, **kwargs)`` is called once, when the run is traced.
+    """
+
+    __slots__ = ("kernel", "args", "kwargs")
+
+    def __init__(self, kernel: Callable[..., Any], *args: Any, **kwargs: Any):
+        if not callable(kernel):
+            raise ValidationError(f"Launch expects a kernel function def k(tl, ...), got {kernel!r}.")
+        if "steady_state" in kwargs:
+            raise ValidationError("Launch: steady_state is a setting of the run (sim.run_device(..., "
+                                  "steady_state=...)), not an argument of the kernel.")
+        self.kernel, self.args, self.kwargs = kernel, args, kwargs
+
+    def __repr__(self) -> str:
+        args = ", ".join([getattr(a, "name", repr(a)) for a in self.args]
+                         + [f"{k}={getattr(v, 'name', repr(v))}" for k, v in self.kwargs.items()])
+        return f"Launch({getattr(self.kernel, '__name__', self.kernel)}({args}))"
+
+
+def _check_launches(launches: Any, topo: Topology) -> dict[int, list[Launch]]:
+    """``launches`` as PE -> list of Launch, in PE order; or a ValidationError saying what is wrong."""
+    if not isinstance(launches, Mapping):
+        raise ValidationError(f"run_device expects a mapping PE -> [Launch, ...], e.g. {{0: [Launch(k, a, b)]}}; "
+                              f"got {type(launches).__name__}.")
+    if not launches:
+        raise ValidationError("run_device: no launches; give at least one PE a list of Launch.")
+    out: dict[int, list[Launch]] = {}
+    for pe in launches:
+        if isinstance(pe, (bool, np.bool_)) or not isinstance(pe, (int, np.integer)) or not 0 <= pe < topo.pes:
+            raise ValidationError(f"run_device: PE {pe!r} is not a PE of {topo.name} (it has {topo.pes}: "
+                                  f"0 .. {topo.pes - 1}); give a device topology (pes=...) for more.")
+        lst = launches[pe]
+        if isinstance(lst, Launch):
+            lst = [lst]
+        if not isinstance(lst, (list, tuple)) or not lst or not all(isinstance(x, Launch) for x in lst):
+            raise ValidationError(f"run_device: PE {pe} must map to a non-empty list of Launch(kernel, *args), "
+                                  f"got {lst!r}.")
+        out[int(pe)] = list(lst)
+    return dict(sorted(out.items()))
+
+
 class Run:
     """The result of one kernel run.
 
@@ -310,7 +437,7 @@ class Run:
     """
 
     def __init__(self, sim: Simulator, prog: Program, timeline: Timeline, hbm_names: dict[str, Handle],
-                 tcm_names: dict[str, list[Handle]], tcm: Any, index: int = 0, snapshot: tuple = ()):
+                 tcm_names: dict[str, list[Handle]], tcms: Sequence[Any], index: int = 0, snapshot: tuple = ()):
         self.sim = sim
         self.topology = sim.topo
         self.mode = sim.mode
@@ -320,8 +447,12 @@ class Run:
         self.timeline = timeline
         self._hbm_names = hbm_names
         self._tcm_names = tcm_names
-        self._tcm = tcm
+        self._tcms = list(tcms)
         self._index = index
+        #: the PE it ran on, and where its stages start in the device's numbering
+        self.pe_index, self.seq_offset = 0, 0
+        #: which exact reductions the device run used (``device.device.Reductions``)
+        self.reductions: Reductions | None = None
         self._snapshot = snapshot
         self._op_log: pd.DataFrame | None = None
         self._bindings: Bindings | None = None
@@ -361,7 +492,7 @@ class Run:
         if self._op_log is None:
             t0 = perf_counter()
             with gc_paused():
-                self._op_log = build_op_log(self.program, self.timeline)
+                self._op_log = build_op_log(self.program, self.timeline, self.pe_index, self.seq_offset)
             self.timings["op_log"] = perf_counter() - t0
         return self._op_log
 
@@ -393,7 +524,7 @@ class Run:
         h = self._lookup(handle_or_name) if isinstance(handle_or_name, str) else handle_or_name
         if not isinstance(h, Handle):
             raise ValidationError(f"Run.read expects a tensor handle or a tensor name, got {handle_or_name!r}.")
-        arena = self._tcm if h.space is Space.TCM else self.sim.memory.hbm
+        arena = self._tcm_of(h) if h.space is Space.TCM else self.sim.memory.hbm
         problem = arena.check(h)
         if problem is not None:
             raise ValidationError(f"Run.read: {problem}")
@@ -401,12 +532,20 @@ class Run:
             return arena.view(h).copy()
         return self.sim._read_hbm(h, self)
 
+    def _tcm_of(self, h: Handle) -> Any:
+        """The TCM of this run that made ``h`` (every launch has its own), or the last one (which then refuses it)."""
+        o = h.origin
+        if o is not None and any(o.arena is t for t in self._tcms):
+            return o.arena
+        return self._tcms[-1]
+
     def _lookup(self, name: str) -> Handle:
         found = ([self._hbm_names[name]] if name in self._hbm_names else []) + self._tcm_names.get(name, [])
         if not found:
             known = sorted(set(self._hbm_names) | set(self._tcm_names))
             raise ValidationError(f"no tensor named {name!r} in this run; known: {', '.join(known)}.")
-        valid = [h for h in found if (self._tcm if h.space is Space.TCM else self.sim.memory.hbm).check(h) is None]
+        valid = [h for h in found if (self._tcm_of(h) if h.space is Space.TCM else self.sim.memory.hbm).check(h)
+                 is None]
         if len(valid) > 1:
             raise ValidationError(f"the name {name!r} is given to {len(valid)} tensors in this run "
                                   f"({', '.join(repr(h) for h in valid)}); pass the handle instead of the name.")
@@ -416,14 +555,13 @@ class Run:
         """This run's trace re-simulated in timing mode with every stage of ``engine`` (an ``Engine`` code)
         taking ``ceil(d / factor)`` cycles instead of ``d`` (``analysis.what_if``); the steady state is used
         as the run used it. The kernel is not called again."""
-        src = self._source
-        prog = Program(src.trace, src.topo, staging_base=src.staging_base, scale={int(engine): factor})
-        steady = self.steady_state is not None and self.steady_state.path == "steady"
-        timeline, sched, state = simulate_program(prog, None, steady_state=steady or self.mode == "data")
-        run = Run(self.sim, sched, timeline, self._hbm_names, self._tcm_names, self._tcm, self._index, ())
+        progs = [_rescaled(p, engine, factor) for p in self._source]
+        timeline, sched, state = simulate_pe(progs, None, steady_state=True)
+        run = Run(self.sim, sched, timeline, self._hbm_names, self._tcm_names, self._tcms, self._index, ())
         run.mode = "timing"
         run.steady_state = state
-        run._source = prog
+        run._source = progs
+        run.pe_index, run.seq_offset = self.pe_index, self.seq_offset
         return run
 
     def to_csv(self, path: str | Path | None = None) -> str:
@@ -479,3 +617,127 @@ class Run:
         plan_end = self._end[np.asarray(prog.plan_seq, np.int64)[held]] if len(held) else np.zeros(0, np.int64)
         return pd.DataFrame({"cmd": held.astype(np.int64), "label": [prog.labels[c] for c in held.tolist()],
                              "plan_end": plan_end, "release": tl.release.astype(np.int64)})
+
+
+class DeviceRun(Run):
+    """The result of a device run (``Simulator.run_device``): one :class:`Run` per PE, and the device's view.
+
+    ``op_log`` is every PE's, one after another (``seq`` numbers the stages PE by PE, launch by launch; ``cmd``
+    a PE's commands across its launches); ``cycles`` the last cycle of any PE; ``critical_path()`` the chain of
+    the PE that finishes last (the lowest such PE); ``holds()`` every PE's, with a ``pe`` column;
+    ``pe(p)`` one PE's run; ``reductions`` which exact reductions ran. A device has no single program:
+    ``run.pe(p).program`` is PE p's.
+    """
+
+    def __init__(self, sim: Simulator, runs: dict[int, Run], reductions: Reductions):
+        self.sim = sim
+        self.topology = sim.topo
+        self.mode = sim.mode
+        self.runs = runs
+        self.reductions = reductions
+        self.cycles = max(r.cycles for r in runs.values())
+        self._op_log: pd.DataFrame | None = None
+        self.timings: dict[str, float] = {}
+        self.pe_index, self.seq_offset = -1, 0
+        paths = [r.steady_state.path for r in runs.values()]
+        first = next(r.steady_state for r in runs.values())
+        self.steady_state = SteadyState(
+            "steady" if "steady" in paths else "full",
+            period=next((r.steady_state.period for r in runs.values() if r.steady_state.path == "steady"), None),
+            proven_at=next((r.steady_state.proven_at for r in runs.values() if r.steady_state.path == "steady"),
+                           None),
+            reason=None if "steady" in paths else first.reason,
+            inserted=sum(r.steady_state.inserted for r in runs.values()),
+            loops=tuple(f"PE {p}: {line}" for p, r in runs.items() for line in r.steady_state.loops))
+
+    def __repr__(self) -> str:
+        return (f"Run({self.mode}, device of {len(self.runs)} PEs, {self.n_stages} stages, {self.cycles} cycles = "
+                f"{self.topology.cycles_to_us(self.cycles):.3f} us; {self.reductions})")
+
+    def pe(self, p: int) -> Run:
+        """PE ``p``'s run (its program, timeline, op_log rows, critical path).
+
+        Raises:
+            ValidationError: ``p`` ran nothing.
+        """
+        if p not in self.runs:
+            raise ValidationError(f"PE {p} ran nothing in this run; it ran PEs {sorted(self.runs)}.")
+        return self.runs[p]
+
+    @property
+    def pes(self) -> list[int]:
+        """The PEs that ran something, ascending."""
+        return sorted(self.runs)
+
+    @property
+    def program(self):
+        raise ValidationError("a device run has one program per PE: read run.pe(p).program.")
+
+    @property
+    def timeline(self):
+        raise ValidationError("a device run has one timeline per PE: read run.pe(p).timeline.")
+
+    @property
+    def commands(self):
+        """Every PE's commands, PE after PE (a sequence instantiated on access)."""
+        from .device.steady import _Concat
+
+        return _Concat([r.commands for r in self.runs.values()])
+
+    @property
+    def n_stages(self) -> int:
+        return sum(r.n_stages for r in self.runs.values())
+
+    @property
+    def op_log(self) -> pd.DataFrame:
+        if self._op_log is None:
+            t0 = perf_counter()
+            with gc_paused():
+                self._op_log = concat_op_logs([r.op_log for r in self.runs.values()])
+            self.timings["op_log"] = perf_counter() - t0
+        return self._op_log
+
+    def dispatch_cycles(self) -> np.ndarray:
+        """PE_CPU cycles of every DISPATCH, PE after PE (each PE's in command order)."""
+        return np.concatenate([r.dispatch_cycles() for r in self.runs.values()])
+
+    def last_pe(self) -> int:
+        """The PE whose last stage ends last (the lowest one on a tie): the one the critical path runs on."""
+        return min(p for p, r in self.runs.items() if r.cycles == self.cycles)
+
+    @property
+    def bindings(self) -> Bindings:
+        return self.runs[self.last_pe()].bindings
+
+    def critical_path(self) -> pd.DataFrame:
+        """The critical path of the device: that of the PE that finishes last (DESIGN.md §14); ``seq`` in the
+        device's numbering, with the ``pe`` column."""
+        return self.runs[self.last_pe()].critical_path()
+
+    def holds(self) -> pd.DataFrame:
+        """Every PE's hazard holds (``Run.holds``), with a ``pe`` column first."""
+        frames = [r.holds().assign(pe=p)[["pe", "cmd", "label", "plan_end", "release"]] for p, r in self.runs.items()]
+        return pd.concat(frames, ignore_index=True)
+
+    def rescaled(self, engine: int, factor: Any) -> "Run":
+        """Every PE's launches re-simulated with ``engine`` ``factor`` times faster (``analysis.what_if``)."""
+        programs = {p: [_rescaled(x, engine, factor) for x in r._source] for p, r in self.runs.items()}
+        results, red = simulate_device(programs, self.topology, list(self.sim._hbm.values()), None)
+        runs = {}
+        offset = 0
+        for p in sorted(results):
+            timeline, sched, state = results[p]
+            r = Run(self.sim, sched, timeline, {}, {}, [], 0, ())
+            r.mode, r.steady_state, r._source = "timing", state, programs[p]
+            r.pe_index, r.seq_offset = p, offset
+            offset += r.n_stages
+            runs[p] = r
+        return DeviceRun(self.sim, runs, red)
+
+    def read(self, handle_or_name: Handle | str) -> np.ndarray:
+        """As :meth:`Run.read` (every PE's tensors and TCMs are the run's)."""
+        return next(iter(self.runs.values())).read(handle_or_name)
+
+    def to_perfetto(self, path: str | Path | None = None) -> dict:
+        """The Chrome-trace/Perfetto JSON: a process per PE (a track per unit), the critical path as flow events."""
+        return to_perfetto(self.op_log, path, self.topology.clock_ghz, critical_path=self.critical_path())

@@ -189,6 +189,7 @@ DESIGN_DEFAULTS = dict(
     tile_m=32, tile_n=128, tile_k=128, tile_buffers=2,
     math_base_cycles=8, math_elements_per_cycle=64, math_cost_exp=4, math_cost_other=1,
     tcm_bytes=1 << 20,
+    pes=1, hbm_channels=1, channel_bytes_per_cycle=float("inf"),  # DESIGN §14: one PE alone
 )
 
 

@@ -22,9 +22,9 @@ import kbwork
 from kbwork import DmaCmd, OpSpec, Scope
 from kbwork.kernels.gemm import BENCHES
 
-COLUMNS = ["seq", "cmd", "iter", "label", "stage", "engine", "op_kind", "phase", "tile", "k_tile", "tensor",
+COLUMNS = ["seq", "pe", "cmd", "iter", "label", "stage", "engine", "op_kind", "phase", "tile", "k_tile", "tensor",
            "bytes", "ready", "start", "end"]
-INT_COLUMNS = ["seq", "cmd", "iter", "tile", "k_tile", "bytes", "ready", "start", "end"]
+INT_COLUMNS = ["seq", "pe", "cmd", "iter", "tile", "k_tile", "bytes", "ready", "start", "end"]
 ENGINE_OF = {"DISPATCH": "PE_CPU", "PLAN": "PE_SCHEDULER", "DMA_READ": "PE_DMA", "FETCH": "PE_GEMM",
              "GEMM": "PE_GEMM", "MATH": "PE_MATH", "DMA_WRITE": "PE_DMA"}
 PHASES = {"dispatch", "plan", "prologue", "tile", "k_epilogue", "tile_epilogue", "post", "single"}

@@ -283,7 +283,7 @@ def test_cli_run_npz_lets_anyone_recompute_the_reference(tmp_path, capsys):
     ref = p / p.sum(axis=1, keepdims=True) @ v
     assert np.max(np.abs(z["O"] - ref)) < 1e-5
     assert z["m"].shape == (8, 1) and z["l"].shape == (8, 1)
-    assert csv.read_text().startswith("seq,cmd,iter,label,stage,engine")
+    assert csv.read_text().startswith("seq,pe,cmd,iter,label,stage,engine")
     assert json.loads(trace.read_text())["traceEvents"]
 
 

@@ -199,7 +199,7 @@ def test_kbwork_explain_mistakes_exit_2_before_simulating(argv, pattern, tmp_pat
     def no_simulation(*a, **k):
         raise AssertionError("simulated before the arguments were checked")
 
-    monkeypatch.setattr(sim, "simulate_program", no_simulation)
+    monkeypatch.setattr(sim, "simulate_device", no_simulation)
     code, out, err = _cli([a.replace("{tmp}", str(tmp_path)) for a in argv], capsys)
     assert code == 2
     assert re.search(pattern, err), err

@@ -252,7 +252,7 @@ def test_zero_length_stages_bind_through_program_order(policy):
 
 def test_ready_is_in_the_op_log_and_its_csv():
     run = BENCHES["gemm_epilogues"](kbwork.Simulator(mode="timing")).run
-    assert run.to_csv().splitlines()[0] == ("seq,cmd,iter,label,stage,engine,op_kind,phase,tile,k_tile,tensor,"
+    assert run.to_csv().splitlines()[0] == ("seq,pe,cmd,iter,label,stage,engine,op_kind,phase,tile,k_tile,tensor,"
                                             "bytes,ready,start,end")
     assert run.op_log.ready.dtype == np.int64
 

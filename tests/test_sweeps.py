@@ -202,7 +202,7 @@ def test_a_sweep_with_attribution_writes_and_resumes_its_path_columns(tmp_path, 
     full = decode.sweep(variants=("opt2", "a1"), attribution=True, out=out, workers=1, progress=False, **ATTR_AXES)
     assert full.equals(with_paths)
     lines = out.read_text().splitlines()
-    assert lines[0].endswith(",path_scheduler,path_order") and len(lines) == 1 + len(with_paths)
+    assert lines[0].endswith(",path_scheduler,path_order,path_launch") and len(lines) == 1 + len(with_paths)
     out.write_text("\n".join(lines[:5]) + "\n")
     resumed = decode.sweep(variants=("opt2", "a1"), attribution=True, out=out, resume=True, workers=1,
                            progress=False, **ATTR_AXES)

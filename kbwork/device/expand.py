@@ -37,7 +37,7 @@ from ..pe.stages import RawStageTable
 from ..pe.templates import handle_names
 from ..pe.tiling import generate_plan_from_ops
 from ..symbolic import Index
-from .records import FrontEnd, Timeline, front_end
+from .records import FrontEnd, Timeline, dispatch_ready, front_end
 
 
 def _grow(a: np.ndarray, ins: Sequence, lo: Callable, hi: Callable, delta: Callable, moves_rest: bool = True,
@@ -113,6 +113,34 @@ class Expansion:
                 return s - ds0 - m * x.dseq, ds0 + m * x.dseq, dc0 + m * x.dcmd, dt0 + m * x.dt
             q, ds, dc, dt = s - ds0 - x.k * x.dseq, ds0 + x.k * x.dseq, dc0 + x.k * x.dcmd, dt0 + x.k * x.dt
         return q, ds, dc, dt
+
+    def real_cmd(self, c: int) -> int:
+        """The full run's position of simulated command ``c`` (one the event loop simulated)."""
+        return c + sum(x.k * x.dcmd for x in self.ins if c >= x.c2)
+
+    def waits(self, sim_waits: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:
+        """Every command's ``tl.wait`` targets in the full run's numbering. A copy's command waits on the same
+        iteration's commands, so on the copy's own; a target outside the block (before the loop) stays."""
+        out: list[tuple[int, ...]] = []
+        ins = sorted(self.ins, key=lambda x: x.c2)
+        nxt = 0
+        for c, ws in enumerate(sim_waits):
+            while nxt < len(ins) and ins[nxt].c2 == c:
+                x = ins[nxt]
+                nxt += 1
+                block = sim_waits[x.c1:x.c2]
+                if not any(block):
+                    out += [()] * (x.k * x.dcmd)
+                    continue
+                for m in range(1, x.k + 1):
+                    out += [tuple(self.real_cmd(w) + m * x.dcmd if x.c1 <= w < x.c2 else self.real_cmd(w)
+                                  for w in b) for b in block]
+            out.append(tuple(self.real_cmd(w) for w in ws) if ws else ())
+        for x in ins[nxt:]:  # an insertion ending the simulated commands (nothing simulated after it)
+            out += [()] * (x.k * x.dcmd) if not any(sim_waits[x.c1:x.c2]) else \
+                [tuple(self.real_cmd(w) + m * x.dcmd if x.c1 <= w < x.c2 else self.real_cmd(w) for w in b)
+                 for m in range(1, x.k + 1) for b in sim_waits[x.c1:x.c2]]
+        return out
 
     # --- arrays in the full run's numbering -------------------------------------------------------------
     def stages(self, a: Sequence, delta: str | None = None) -> np.ndarray:
@@ -193,11 +221,12 @@ class ExpandedTable:
     @cached_property
     def tensor(self) -> pd.Categorical:
         """Names: the simulated ones, and in each copy the names of its own iterations."""
-        ex, prog, ctab = self._ex, self._ex.prog, self._ex.sched.ctab
+        ex, ctab = self._ex, self._ex.sched.ctab
         col = list(self._t.tensor)
 
         def copy(block: list, x, m: int) -> list:
             out: list[str] = []
+            prog = x.prog or ex.prog
             for c in range(x.c1, x.c2):
                 out += _stage_names(prog, x.loop, ctab.body[c], ctab.iteration[c] + m * x.p)
             return out
@@ -273,11 +302,9 @@ class ExpandedSchedule:
         self.dispatch_seq = _CommandColumn(lambda: ex.commands(ct.dispatch_seq, "seq"))
         self.plan_end = _CommandColumn(lambda: ex.commands(ct.plan_end, "seq"))
         self.logical_bytes = _CommandColumn(lambda: ex.commands(ct.logical_bytes))
-        self.labels = _CommandColumn(lambda: list(ex.commands(np.asarray(ct.label, dtype=object))))
+        self.labels = _CommandColumn(self._labels)
         self.iters = _CommandColumn(self._iters)
-        self.waits = _CommandColumn(lambda: _grow_list(list(ct.waits), ex.ins, lambda x: x.c1, lambda x: x.c2,
-                                                       lambda b, x, m: [tuple(w + m * x.dcmd for w in ws)
-                                                                        for ws in b]))
+        self.waits = _CommandColumn(lambda: ex.waits(ct.waits))
         self.reads = _CommandColumn(lambda: self._footprints(ct.reads, "reads"))
         self.writes = _CommandColumn(lambda: self._footprints(ct.writes, "writes"))
 
@@ -305,11 +332,25 @@ class ExpandedSchedule:
         return _grow(np.asarray(ct.iter, np.int64), ex.ins, lambda x: x.c1, lambda x: x.c2, lambda x: 0,
                      copy=copy)
 
+    def _labels(self) -> list:
+        ex, ct = self._ex, self._ex.sched.ctab
+
+        def copy(block: list, x, m: int) -> list:
+            out = list(block)
+            for j, c in enumerate(range(x.c1, x.c2)):
+                bc = x.loop.body[ct.body[c]]
+                if isinstance(bc, DmaCmd) and bc.auto_label is not None:  # "dma_load K[256:384]": its own rows
+                    src, i = bc.src, ct.iteration[c] + m * x.p
+                    out[j] = bc.auto_label + (src.name_at(i) if isinstance(src, LoopHandle) else src.name)
+            return out
+        return _grow_list(list(ct.label), ex.ins, lambda x: x.c1, lambda x: x.c2, copy)
+
     def _footprints(self, col: list, which: str) -> list:
-        ex, ct, prog = self._ex, self._ex.sched.ctab, self._ex.prog
+        ex, ct = self._ex, self._ex.sched.ctab
 
         def copy(block: list, x, m: int) -> list:
             out = []
+            prog = x.prog or ex.prog
             for c in range(x.c1, x.c2):
                 bc = prog.body_command(x.loop, ct.body[c])
                 out.append(_spans_at(getattr(bc, which), ct.iteration[c] + m * x.p))
@@ -321,8 +362,9 @@ class ExpandedTimeline:
     """The full run's :class:`~kbwork.device.records.Timeline`, each field built on first use."""
 
     def __init__(self, ex: Expansion, tl: Timeline, sched: ExpandedSchedule, strict: bool,
-                 waited: Sequence[tuple[int, int]]):
+                 waited: Sequence[tuple[int, int]], launches: Sequence[tuple[int, int]] = ()):
         self._ex, self._tl, self._sched, self._strict, self._waited = ex, tl, sched, strict, waited
+        self._launches = launches
         self.engines = tl.engines
         #: the run's last cycle: the simulated one, every inserted period later (its last stage follows them)
         self.cycles = int(tl.end.max()) + ex.dt_total if len(tl.end) else 0
@@ -379,37 +421,35 @@ class ExpandedTimeline:
     @cached_property
     def front(self) -> FrontEnd:
         ex = self._ex
-        waited = _grow_list(list(self._waited), ex.ins, lambda x: _at(self._waited, x.c1),
-                            lambda x: _at(self._waited, x.c2),
-                            lambda b, x, m: [(c + m * x.dcmd, w + m * x.dt) for c, w in b]) if self._waited else []
+        done = self.done
+        # a wait clears at the latest completion it names (in the full run's numbering)
+        waited = [(c, max(int(done[w]) for w in ws)) for c, ws in enumerate(self._sched.waits) if ws] \
+            if self._waited else []
         d = np.asarray(self._sched.dispatch_seq, np.int64)
+        ex = self._ex
+        launches = []  # a later launch's first command and start, moved by the periods inserted before them
+        for c, when in self._launches:
+            dc = dt = 0
+            for x in ex.ins:
+                if c >= x.c2:
+                    dc, dt = dc + x.k * x.dcmd, dt + x.k * x.dt
+            launches.append((c + dc, when + dt))
         return front_end(self._sched, d, self.start, self.end, self.done, self.held, self.release, self._strict,
-                         waited)
+                         waited, launches)
 
     @cached_property
     def ready(self) -> np.ndarray:
         r = self._ex.stages(self._tl.ready, "t")
         f = self.front
         d = np.asarray(self._sched.dispatch_seq, np.int64)
-        r[d] = np.maximum(np.maximum(f.d_order, f.d_queue), f.d_wait)
+        r[d] = dispatch_ready(f)
         r[d + 1] = np.maximum(np.maximum(f.p_dependency, f.p_order), f.p_scheduler)
         return r
 
 
-def _at(pairs: Sequence[tuple[int, int]], c: int) -> int:
-    """The index of the first pair whose command is >= ``c`` (pairs sorted by command)."""
-    lo, hi = 0, len(pairs)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if pairs[mid][0] < c:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
 def expand(prog: Program, sched: Schedule, tl: Timeline, insertions: Sequence,
-           waited: Sequence[tuple[int, int]] = ()) -> tuple[ExpandedSchedule, ExpandedTimeline]:
+           waited: Sequence[tuple[int, int]] = (), launches: Sequence[tuple[int, int]] = ()
+           ) -> tuple[ExpandedSchedule, ExpandedTimeline]:
     """The full run's schedule and timeline, from the simulated ones and the insertions (built lazily)."""
     xs = ExpandedSchedule(prog, sched, insertions)
-    return xs, ExpandedTimeline(xs._ex, tl, xs, prog.topo.hazard_policy == "strict_fifo", waited)
+    return xs, ExpandedTimeline(xs._ex, tl, xs, prog.topo.hazard_policy == "strict_fifo", waited, launches)

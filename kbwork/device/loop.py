@@ -43,13 +43,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ..errors import SimulationError
+from ..pe.engines import DataExecutor
 from ..pe.scheduler import CommandTable, Program, Schedule, conflicts
-from ..pe.stages import EngineSpec, StageKind, StageTable, engine_table
+from ..pe.stages import Engine, EngineSpec, StageKind, StageTable, engine_table
+from .flows import FlowChannel
 
 _DISPATCH, _PLAN = int(StageKind.DISPATCH), int(StageKind.PLAN)
+_DMA_ENGINE = int(Engine.PE_DMA)
 
 
 class Lowered:
@@ -62,6 +65,7 @@ class Lowered:
         self.commands = sched.ctab
         self.next = 0
         self.reach = sched.reach
+        self.cmd_offset = 0
         self.ext_edges: list[tuple[int, int]] = []
 
     @property
@@ -109,9 +113,7 @@ class PeState:
     unit: list[int] = field(default_factory=list)           # the unit it ran on (written for multi-unit engines)
     remaining: list[int] = field(default_factory=list)      # unmet dependencies (its PLAN until released)
     xsucc: list[list[int] | None] = field(default_factory=list)  # later commands' stages waiting for it
-    # --- time, the pending events, the front end and the engines --------------------------------------
-    t: int = 0                   # the instant the loop has processed
-    events: list[tuple[int, int]] = field(default_factory=list)    # heap of (end, seq) of running stages
+    # --- the front end and the engines (the pending events are the device's) ---------------------------
     busy: list[bool] = field(default_factory=list)          # per unit
     ready_q: list[list[int]] = field(default_factory=list)  # per engine, a heap of ready seqs
     next_dispatch: int = 0       # the next command to dispatch
@@ -130,6 +132,18 @@ class PeState:
     waited: list[tuple[int, int]] = field(default_factory=list)
     #: commands whose footprints a steady-state jump moved on: their own (reads, writes)
     moved: dict[int, tuple] = field(default_factory=dict)
+    # --- the PE on the device ---------------------------------------------------------------------------------
+    pe: int = 0
+    launches: list = field(default_factory=list)            # the programs it runs, back to back
+    launch: int = 0                                          # the one running
+    launch_first: list[int] = field(default_factory=list)   # first command of every launch after the first
+    launch_start: list[int] = field(default_factory=list)   # and the cycle it started
+    memories: list = field(default_factory=list)            # data mode: each launch's LaunchMemory
+    apply: Any = None                                        # data mode: the running launch's executor
+    flows: dict[int, FlowChannel] = field(default_factory=dict)  # the contended channels of the device
+    in_flow: set[int] = field(default_factory=set)          # DMA stages whose bytes are moving on one
+    dma_base: int = 0                                        # a transfer's access phase, before it joins
+    device: Any = None                                       # the DeviceState it belongs to
     last_completion: tuple[int, int] = (-1, -1)
     last_release: tuple[int, int] = (-1, -1)
 
@@ -147,8 +161,45 @@ class PeState:
                 f"{self.in_flight} in flight, {len(self.start)} stages)")
 
 
-def new_pe(program: Program | Schedule, *, with_effects: bool = False) -> PeState:
-    """A PE ready to run ``program`` from cycle 0 (a :class:`Program` is lowered as it runs)."""
+#: A heap key is ``pe << PE_SHIFT | seq``: at one cycle a PE's events come out together, in seq order.
+PE_SHIFT = 40
+MASK = (1 << PE_SHIFT) - 1
+#: Seq-field values at or above this are not stage ends: a flow joining its channel (``seq | JOIN``), or a PE's
+#: first look at the machine (``WAKE``).
+JOIN = 1 << (PE_SHIFT - 1)
+WAKE = MASK
+
+
+class LaunchMemory:
+    """What a data-mode launch's effects read and write: the device's HBM and the launch's own TCM."""
+
+    __slots__ = ("hbm", "tcm")
+
+    def __init__(self, hbm: Any, tcm: Any):
+        self.hbm, self.tcm = hbm, tcm
+
+    def arena(self, h: Any) -> Any:
+        return self.hbm if h.space.value == "hbm" else self.tcm
+
+
+@dataclass(slots=True, eq=False)
+class DeviceState:
+    """The device's whole dynamic state: every PE's, the pending events of all of them, the contended channels'
+    flows, and the cycle the loop has processed."""
+
+    pes: list[PeState]
+    events: list[tuple[int, int]] = field(default_factory=list)
+    t: int = 0
+    channels: dict[int, FlowChannel] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return f"DeviceState({len(self.pes)} PEs at cycle {self.t}, {len(self.channels)} contended channels)"
+
+
+def new_pe(program: Program | Schedule, *, launches: Sequence[Program] = (), memories: Sequence[Any] = (),
+           pe: int = 0) -> PeState:
+    """A PE ready to run ``program`` from cycle 0 (a :class:`Program` is lowered as it runs), and then ``launches``
+    after it, back to back; ``memories`` (data mode) are each launch's :class:`LaunchMemory`."""
     if isinstance(program, Schedule):
         cursor: Any = Lowered(program)
         table, ctab, topo = program.table, program.ctab, program.topo
@@ -160,13 +211,26 @@ def new_pe(program: Program | Schedule, *, with_effects: bool = False) -> PeStat
     if engines[0].capacity != 1 or engines[1].capacity != 1:
         raise SimulationError("PE_CPU and PE_SCHEDULER issue in order: each must have exactly one unit.")
     n_units = sum(e.capacity for e in engines)
-    return PeState(table, ctab, cursor, engines, topo.cmd_queue_depth, topo.hazard_policy == "strict_fifo",
-                   busy=[False] * n_units, ready_q=[[] for _ in engines])
+    state = PeState(table, ctab, cursor, engines, topo.cmd_queue_depth, topo.hazard_policy == "strict_fifo",
+                    busy=[False] * n_units, ready_q=[[] for _ in engines])
+    state.pe = pe
+    state.dma_base = topo.dma_base_cycles
+    state.launches = [program, *launches]
+    state.memories = list(memories)
+    if state.memories:
+        state.apply = DataExecutor(state.memories[0]).apply
+    return state
 
 
-#: Loop iterations lowered at once when no steady state watches the boundaries (the columns every iteration
-#: repeats are then extended once for all of them).
-CHUNK = 32
+def device(pes: Sequence[PeState], channels: dict[int, FlowChannel] | None = None) -> DeviceState:
+    """The device of ``pes`` (PE ``i`` is ``pes[i]``) at cycle 0, each PE about to look at the machine."""
+    dev = DeviceState(list(pes), channels=dict(channels or {}))
+    for i, p in enumerate(dev.pes):
+        p.pe = i
+        p.device = dev
+        p.flows = {c: fc for c, fc in dev.channels.items()}
+        heappush(dev.events, (0, (i << PE_SHIFT) | WAKE))
+    return dev
 
 
 def _lower(pe: PeState, t: int, iterations: int = 1) -> None:
@@ -204,92 +268,140 @@ def _lower(pe: PeState, t: int, iterations: int = 1) -> None:
             remaining[u] += 1
 
 
-def step(pe: PeState, **kw: Any) -> int:
-    """Process the next instant at which something happens (SimPy's ``step``); return it (or the last one)."""
-    return run(pe, until=pe.events[0][0] if pe.events else pe.t, **kw)
+#: Loop iterations lowered at once when no steady state watches the boundaries (the columns every iteration
+#: repeats are then extended once for all of them).
+CHUNK = 32
 
 
-def run(pe: PeState, apply: Callable[[object], None] | None = None, edges: list[list[int]] | None = None,
-        on_boundary: Callable[[PeState, int], bool] | None = None, until: int | None = None) -> int:
-    """Run ``pe`` until its program has completed, or up to and including cycle ``until``; return the
-    last cycle processed.
+def _next_launch(pe: PeState, t: int) -> bool:
+    """Start ``pe``'s next launch at cycle ``t`` (its previous one has completed): a fresh cursor — staging ring,
+    and in data mode TCM — over the same stage and command tables. False when it has no next launch."""
+    nxt = pe.launch + 1
+    if nxt >= len(pe.launches):
+        return False
+    pe.launch = nxt
+    prog = pe.launches[nxt]
+    pe.cursor = prog.cursor(pe.table, pe.ctab, cmd_offset=pe.cursor.cmd_offset + prog_commands(pe.launches[nxt - 1]))
+    pe.launch_first.append(pe.n_lowered)
+    pe.launch_start.append(t)
+    if pe.memories:
+        pe.apply = DataExecutor(pe.memories[nxt]).apply
+    return True
+
+
+def prog_commands(prog: Any) -> int:
+    return prog.n_commands if hasattr(prog, "n_commands") else len(prog.ctab)
+
+
+def step(dev: DeviceState, **kw: Any) -> int:
+    """Process the next cycle at which something happens (SimPy's ``step``); return it (or the last one)."""
+    return run(dev, until=dev.events[0][0] if dev.events else dev.t, **kw)
+
+
+def _bind(P: PeState) -> tuple:
+    """The lists and settings of PE ``P`` the loop works on (bound to locals whenever the loop turns to ``P``)."""
+    table, ctab = P.table, P.ctab
+    walk_one: list[tuple[list[int], int]] = []
+    walk_many: list[tuple[list[int], tuple[int, ...]]] = []
+    dma_units: tuple[int, ...] = ()
+    u0 = 0
+    for e, spec in enumerate(P.engines):
+        units = tuple(range(u0, u0 + spec.capacity))
+        u0 += spec.capacity
+        if e == _DMA_ENGINE and P.flows:
+            dma_units = units  # started through the flow rule below, not with the other engines
+        elif e >= 2:
+            (walk_one.append((P.ready_q[e], units[0])) if len(units) == 1
+             else walk_many.append((P.ready_q[e], units)))
+    return (table.kind, table.engine, table.dur, table.cmd, table.effects, table.cbase, table.lsucc, table.chan,
+            table.nbytes, P.start, P.end, P.rdy, P.unit, P.remaining, P.xsucc, ctab.dispatch_seq, ctab.reads,
+            ctab.writes, ctab.waits, P.cmd_left, P.completed, P.final_stage, P.busy, P.ready_q, P.active,
+            P.held_count, P.waiters, P.held, P.release_at, P.hits, P.waited, P.cursor, P.depth, P.strict,
+            P.next_dispatch, P.dispatched_end, P.next_plan, P.in_flight, P.first_incomplete, P.held_strict,
+            P.last_completion, P.last_release, walk_one, walk_many, dma_units,
+            P.ready_q[_DMA_ENGINE] if P.flows else None, P.apply, P.flows, P.in_flow, P.pe << PE_SHIFT)
+
+
+def run(dev: DeviceState | PeState, apply: Callable[[object], None] | None = None,
+        edges: list[list[int]] | dict[int, list[list[int]]] | None = None, on_boundary: Callable[..., Any] | None = None,
+        until: int | None = None) -> int:
+    """Run the device (or one PE) until every program has completed, or up to and including cycle ``until``;
+    return the last cycle processed.
 
     Args:
-        pe: the PE (:func:`new_pe`), at cycle 0 or where an earlier call stopped.
-        apply: data mode: called with each plan stage's effect when it ends, in (end, seq) order.
-        edges: if given (a list, extended with one list per stage), receives the *dynamic* dependencies
-            the run resolved — queue-slot and ``tl.wait`` waits, hazard holds, the scheduler blocked
-            behind a held command — as the seq of the stage whose end released each stage. With the
-            static ``preds`` they form the resolved stage graph (the benchmark replays it in SimPy).
-        on_boundary: called as ``on_boundary(pe, t)`` at an iteration boundary: the first instant at
-            which the CPU is free and its queue has room, and the next command, not yet lowered, is the
-            first of a ``tl.range`` iteration (that command's DISPATCH starts then, unless a ``tl.wait``
-            holds it). The steady state (:mod:`.steady`) compares the states there; the hook may move
-            the program on (the cursor then lowers a later iteration).
+        dev: the device (:func:`device`), or one PE (:func:`new_pe`: it is made a device of one), at cycle 0 or
+            where an earlier call stopped.
+        apply: data mode, one PE given without its memories: called with each plan stage's effect when it ends.
+        edges: if given (one PE: a list, extended with one list per stage; a device: PE -> such a list), receives
+            the *dynamic* dependencies the run resolved — queue-slot and ``tl.wait`` waits, hazard holds, the scheduler blocked behind a
+            held command — as the seq of the stage whose end released each stage. With the static ``preds`` they
+            form the resolved stage graph (the benchmark replays it in SimPy).
+        on_boundary: called as ``on_boundary(dev, pe, t)`` at an iteration boundary of PE ``pe``: the first
+            instant at which its CPU is free and its queue has room, and the next command, not yet lowered, is
+            the first of a ``tl.range`` iteration (that command's DISPATCH starts then, unless a ``tl.wait``
+            holds it). The steady state (:mod:`.steady`) compares the states there; the hook may move the
+            program on (the cursor then lowers a later iteration).
         until: stop after processing this cycle (``step``); ``None`` runs to the end.
 
     Raises:
-        SimulationError: the program deadlocks (e.g. a ``tl.wait`` on a later command).
+        SimulationError: a program deadlocks (e.g. a ``tl.wait`` on a later command).
     """
-    table = pe.table
-    kind, engine, dur, cmd_of, effects = table.kind, table.engine, table.dur, table.cmd, table.effects
-    cbase, lsucc = table.cbase, table.lsucc
-    start, end, rdy, unit, remaining, xsucc = pe.start, pe.end, pe.rdy, pe.unit, pe.remaining, pe.xsucc
-    ctab = pe.ctab
-    dispatch_seq, reads, writes, waits = ctab.dispatch_seq, ctab.reads, ctab.writes, ctab.waits
-    cmd_left, completed, final_stage = pe.cmd_left, pe.completed, pe.final_stage
-    busy, ready_q, active = pe.busy, pe.ready_q, pe.active
-    held_count, waiters, held, release_at, hits, waited = (pe.held_count, pe.waiters, pe.held, pe.release_at,
-                                                           pe.hits, pe.waited)
-    cursor, depth, strict = pe.cursor, pe.depth, pe.strict
-    next_dispatch, dispatched_end, next_plan = pe.next_dispatch, pe.dispatched_end, pe.next_plan
-    in_flight, first_incomplete, held_strict = pe.in_flight, pe.first_incomplete, pe.held_strict
-    last_completion, last_release = pe.last_completion, pe.last_release
-    if edges is not None:
-        edges.extend([] for _ in range(len(start) - len(edges)))
+    if isinstance(dev, PeState):
+        pe0 = dev
+        if apply is not None:
+            pe0.apply = apply
+        dev = pe0.device if pe0.device is not None else device([pe0])
+    events, pes = dev.events, dev.pes
+    # one PE: every event is its own (its keys are plain seqs); no contended channel: every end is final
+    single, flowing = len(pes) == 1, bool(dev.channels)
+    P: PeState | None = None
+    t = dev.t
+    per_pe = edges if isinstance(edges, dict) else ({0: edges} if edges is not None else None)
+    if per_pe is not None and len(pes) > 1 and not isinstance(edges, dict):
+        raise SimulationError("a device run records its dynamic edges per PE: pass edges as {pe: []}.")
+    E = None
+    if per_pe is not None:
+        for p, lst in per_pe.items():
+            lst.extend([] for _ in range(len(pes[p].start) - len(lst)))
 
-    # the engines the loop walks for plan stages, in engine-table order: (ready heap, unit) of those with
-    # one unit, (ready heap, units) of those with several. Walking one group before the other changes
-    # nothing: a start never makes another stage ready, only an end does.
-    walk_one: list[tuple[list[int], int]] = []
-    walk_many: list[tuple[list[int], tuple[int, ...]]] = []
-    u0 = 0
-    for e, spec in enumerate(pe.engines):
-        units = tuple(range(u0, u0 + spec.capacity))
-        u0 += spec.capacity
-        if e >= 2:
-            (walk_one.append((ready_q[e], units[0])) if len(units) == 1 else walk_many.append((ready_q[e], units)))
-    first_unit = [0] * len(pe.engines)
-    u0 = 0
-    for e, spec in enumerate(pe.engines):
-        first_unit[e] = u0
-        u0 += spec.capacity
-
-    def release(c: int, by: int, t: int) -> None:
-        d = dispatch_seq[c]
-        for y in lsucc[d + 1]:
-            u = d + y
-            if edges is not None and by >= 0:
-                edges[u].append(by)
-            left = remaining[u] - 1
-            remaining[u] = left
-            if not left:
-                heappush(ready_q[engine[u]], u)
-                rdy[u] = t
-        if by >= 0:
-            release_at[c] = t
-
-    events = pe.events
-    t = pe.t
-    while True:
-        # -- retire everything that ends at t ----------------------------------------------------------
-        while events and events[0][0] == t:
-            s = heappop(events)[1]
+    while events:
+        t, key = events[0]
+        if until is not None and t > until:
+            break
+        p = key >> PE_SHIFT
+        if P is not pes[p]:
+            if P is not None:  # the loop leaves P: its counters go back into its record
+                P.next_dispatch, P.dispatched_end, P.next_plan = next_dispatch, dispatched_end, next_plan
+                P.in_flight, P.first_incomplete, P.held_strict = in_flight, first_incomplete, held_strict
+                P.last_completion, P.last_release = last_completion, last_release
+            P = pes[p]
+            (kind, engine, dur, cmd_of, effects, cbase, lsucc, chan, nbytes, start, end, rdy, unit, remaining,
+             xsucc, dispatch_seq, reads, writes, waits, cmd_left, completed, final_stage, busy, ready_q, active,
+             held_count, waiters, held, release_at, hits, waited, cursor, depth, strict, next_dispatch,
+             dispatched_end, next_plan, in_flight, first_incomplete, held_strict, last_completion, last_release,
+             walk_one, walk_many, dma_units, dma_q, apply, flows, in_flow, pkey) = _bind(P)
+            if per_pe is not None:
+                E = per_pe.setdefault(p, [])
+                E.extend([] for _ in range(len(start) - len(E)))
+        # -- retire everything of this PE that ends at t ------------------------------------------------------
+        while events and events[0][0] == t and (single or events[0][1] >> PE_SHIFT == p):
+            s = heappop(events)[1] & MASK
+            if s >= JOIN:
+                if s != WAKE:  # a flow's data phase starts: it joins its channel
+                    s ^= JOIN
+                    _reflow(dev, flows[chan[s]].join(t, p, s, nbytes[s]))
+                continue
+            if flowing and (end[s] != t or (s not in in_flow and engine[s] == _DMA_ENGINE and nbytes[s]
+                                            and chan[s] in flows)):
+                continue  # a flow's end that moved since it was pushed, or one it moved back to (already retired)
             busy[unit[s]] = False
             k = kind[s]
             if k > _PLAN:
                 if apply is not None and effects[s] is not None:
                     apply(effects[s])
+                if in_flow and s in in_flow:
+                    in_flow.discard(s)
+                    _reflow(dev, flows[chan[s]].leave(t, p, s))
                 c = cmd_of[s]
                 b = cbase[c]
                 for y in lsucc[s]:
@@ -315,7 +427,7 @@ def run(pe: PeState, apply: Callable[[object], None] | None = None, edges: list[
                     active.remove(c)
                     final_stage[c] = s
                     last_completion = (t, s)
-                    n_low = pe.n_lowered
+                    n_low = P.n_lowered
                     while first_incomplete < n_low and completed[first_incomplete]:
                         first_incomplete += 1
                     if strict:
@@ -323,13 +435,13 @@ def run(pe: PeState, apply: Callable[[object], None] | None = None, edges: list[
                             h = held_strict
                             held_strict = -1
                             last_release = (t, s)
-                            release(h, s, t)
+                            _release(P, h, s, t, E)
                     else:
                         for h in waiters.pop(c, ()):
                             held_count[h] -= 1
                             if held_count[h] == 0:
                                 del held_count[h]
-                                release(h, s, t)
+                                _release(P, h, s, t, E)
             elif k == _DISPATCH:
                 dispatched_end += 1
             else:  # PLAN: hazard check against every earlier incomplete command
@@ -337,7 +449,7 @@ def run(pe: PeState, apply: Callable[[object], None] | None = None, edges: list[
                 rd, wr = reads[c], writes[c]
                 hit = [o for o in active if o < c and conflicts(rd, wr, reads[o], writes[o])]
                 if not hit:
-                    release(c, -1, t)
+                    _release(P, c, -1, t, E)
                 else:
                     held.append(c)
                     if strict:
@@ -347,20 +459,24 @@ def run(pe: PeState, apply: Callable[[object], None] | None = None, edges: list[
                         held_count[c] = len(hit)
                         for o in hit:
                             waiters.setdefault(o, []).append(c)
-        # -- start what can start at t --------------------------------------------------------------------
+        # -- start what can start at t on this PE -------------------------------------------------------------
         while not busy[0] and in_flight < depth:
             c = next_dispatch
-            if c == pe.n_lowered:
+            if c == P.n_lowered:
                 if cursor.done:
-                    break
+                    if in_flight or not _next_launch(P, t):
+                        break
+                    cursor, apply = P.cursor, P.apply  # a fresh launch: its cursor and (data mode) its TCM
+                    continue
                 if on_boundary is not None and cursor.at_boundary():
-                    pe.next_dispatch, pe.dispatched_end, pe.next_plan = next_dispatch, dispatched_end, next_plan
-                    pe.in_flight, pe.first_incomplete, pe.held_strict = in_flight, first_incomplete, held_strict
-                    pe.last_completion, pe.last_release, pe.t = last_completion, last_release, t
-                    on_boundary(pe, t)
-                _lower(pe, t, CHUNK if on_boundary is None else 1)
-                if edges is not None:
-                    edges.extend([] for _ in range(len(start) - len(edges)))
+                    P.next_dispatch, P.dispatched_end, P.next_plan = next_dispatch, dispatched_end, next_plan
+                    P.in_flight, P.first_incomplete, P.held_strict = in_flight, first_incomplete, held_strict
+                    P.last_completion, P.last_release = last_completion, last_release
+                    dev.t = t
+                    on_boundary(dev, P, t)
+                _lower(P, t, CHUNK if on_boundary is None else 1)
+                if E is not None:
+                    E.extend([] for _ in range(len(start) - len(E)))
             wc = waits[c]
             if wc and not all(completed[w] for w in wc):
                 break
@@ -370,13 +486,13 @@ def run(pe: PeState, apply: Callable[[object], None] | None = None, edges: list[
                 for w in wc:
                     when = max(when, end[final_stage[w]])
                 waited.append((c, when))
-            if edges is not None:
-                edges[s].extend(final_stage[w] for w in wc)
+            if E is not None:
+                E[s].extend(final_stage[w] for w in wc)
                 if last_completion[0] == t:
-                    edges[s].append(last_completion[1])
+                    E[s].append(last_completion[1])
             start[s] = t
             end[s] = te = t + dur[s]
-            heappush(events, (te, s))
+            heappush(events, (te, pkey | s))
             busy[0] = True
             in_flight += 1
             active.append(c)
@@ -384,11 +500,11 @@ def run(pe: PeState, apply: Callable[[object], None] | None = None, edges: list[
             break
         if not busy[1] and next_plan < dispatched_end and held_strict < 0:
             s = dispatch_seq[next_plan] + 1
-            if edges is not None and last_release[0] == t:
-                edges[s].append(last_release[1])
+            if E is not None and last_release[0] == t:
+                E[s].append(last_release[1])
             start[s] = t
             end[s] = te = t + dur[s]
-            heappush(events, (te, s))
+            heappush(events, (te, pkey | s))
             busy[1] = True
             next_plan += 1
         # plan stages: each engine's free units, lowest-numbered first, take its oldest ready stages
@@ -397,7 +513,7 @@ def run(pe: PeState, apply: Callable[[object], None] | None = None, edges: list[
                 s = heappop(rq)
                 start[s] = t
                 end[s] = te = t + dur[s]
-                heappush(events, (te, s))
+                heappush(events, (te, pkey | s))
                 busy[u] = True
         for rq, units in walk_many:
             if not rq:
@@ -407,27 +523,83 @@ def run(pe: PeState, apply: Callable[[object], None] | None = None, edges: list[
                     s = heappop(rq)
                     start[s] = t
                     end[s] = te = t + dur[s]
-                    heappush(events, (te, s))
+                    heappush(events, (te, pkey | s))
                     busy[u] = True
                     unit[s] = u
                     if not rq:
                         break
-        if not events or (until is not None and events[0][0] > until):
-            break
-        t = events[0][0]
+        if dma_q:  # a PE whose transfers may share a channel: those start through the flow rule
+            for u in dma_units:
+                if not busy[u]:
+                    s = heappop(dma_q)
+                    start[s] = t
+                    busy[u] = True
+                    unit[s] = u
+                    fc = flows.get(chan[s])
+                    if fc is None:
+                        end[s] = te = t + dur[s]
+                        heappush(events, (te, pkey | s))
+                    else:
+                        tj = t + P.dma_base
+                        if not nbytes[s]:  # moves nothing: ends at its data phase's start, never joins
+                            end[s] = tj
+                            heappush(events, (tj, pkey | s))
+                        else:
+                            end[s] = -2  # known when its flow finishes
+                            in_flow.add(s)
+                            if tj == t:
+                                _reflow(dev, fc.join(t, p, s, nbytes[s]))
+                            else:
+                                heappush(events, (tj, pkey | JOIN | s))
+                    if not dma_q:
+                        break
 
-    pe.t = t
-    pe.next_dispatch, pe.dispatched_end, pe.next_plan = next_dispatch, dispatched_end, next_plan
-    pe.in_flight, pe.first_incomplete, pe.held_strict = in_flight, first_incomplete, held_strict
-    pe.last_completion, pe.last_release = last_completion, last_release
-    n_low = pe.n_lowered
-    if not events and (not cursor.done or next_dispatch < n_low or first_incomplete < n_low):
-        stuck = next_dispatch if next_dispatch < n_low else first_incomplete
-        why = ""
-        if stuck < n_low and waits[stuck]:
-            why = (f" (it waits on command(s) {[ctab.cmd[w] for w in waits[stuck]]}; a tl.wait must name an earlier "
-                   f"command)")
-        raise SimulationError(f"the timeline stopped at cycle {t} with command #{ctab.cmd[stuck]} "
-                              f"{ctab.label[stuck]!r} unfinished{why}: the program deadlocks.")
+    if P is not None:
+        P.next_dispatch, P.dispatched_end, P.next_plan = next_dispatch, dispatched_end, next_plan
+        P.in_flight, P.first_incomplete, P.held_strict = in_flight, first_incomplete, held_strict
+        P.last_completion, P.last_release = last_completion, last_release
+    dev.t = t
+    if not events:
+        for P in pes:
+            n_low = P.n_lowered
+            if not P.cursor.done or P.launch + 1 < len(P.launches) or P.next_dispatch < n_low \
+                    or P.first_incomplete < n_low:
+                stuck = P.next_dispatch if P.next_dispatch < n_low else P.first_incomplete
+                why, ctab = "", P.ctab
+                if stuck < n_low and ctab.waits[stuck]:
+                    why = (f" (it waits on command(s) {[ctab.cmd[w] for w in ctab.waits[stuck]]}; a tl.wait must "
+                           f"name an earlier command)")
+                if stuck >= n_low:
+                    raise SimulationError(f"the timeline stopped at cycle {t} with PE {P.pe}'s program unfinished: "
+                                          f"it deadlocks.")
+                raise SimulationError(f"the timeline stopped at cycle {t} with command #{ctab.cmd[stuck]} "
+                                      f"{ctab.label[stuck]!r} unfinished{why}: the program deadlocks.")
     return t
 
+
+def _release(P: PeState, c: int, by: int, t: int, edges: list[list[int]] | None) -> None:
+    """Command ``c`` of ``P`` is released (its PLAN ended, its hazards cleared): its plan's roots may start."""
+    d = P.ctab.dispatch_seq[c]
+    remaining, ready_q, engine, rdy = P.remaining, P.ready_q, P.table.engine, P.rdy
+    for y in P.table.lsucc[d + 1]:
+        u = d + y
+        if edges is not None and by >= 0:
+            edges[u].append(by)
+        left = remaining[u] - 1
+        remaining[u] = left
+        if not left:
+            heappush(ready_q[engine[u]], u)
+            rdy[u] = t
+    if by >= 0:
+        P.release_at[c] = t
+
+
+def _reflow(dev: DeviceState, ends: list[tuple[int, int, int]]) -> None:
+    """A channel's rates changed: every flow on it whose end moved gets its new end pushed (the old one, when
+    it comes out, no longer matches and is passed over)."""
+    pes, events = dev.pes, dev.events
+    for p, s, e in ends:
+        end = pes[p].end
+        if end[s] != e:
+            end[s] = e
+            heappush(events, (e, (p << PE_SHIFT) | s))

@@ -36,7 +36,9 @@ class FrontEnd(NamedTuple):
     """Per command, the cycle each constraint of its DISPATCH and PLAN clears (-1: no such constraint).
 
     DISPATCH: ``d_order`` (the previous DISPATCH's start), ``d_queue`` (its
-    queue slot is free), ``d_wait`` (its ``tl.wait`` completions). PLAN:
+    queue slot is free), ``d_wait`` (its ``tl.wait`` completions), ``d_launch``
+    (the first command of a launch after the first: the cycle the previous
+    launch's last stage ended, DESIGN.md §14). PLAN:
     ``p_dependency`` (its DISPATCH's end), ``p_order`` (the previous PLAN's
     start), ``p_scheduler`` (strict FIFO: the release of the latest held
     command before it).
@@ -45,6 +47,7 @@ class FrontEnd(NamedTuple):
     d_order: np.ndarray
     d_queue: np.ndarray
     d_wait: np.ndarray
+    d_launch: np.ndarray
     p_dependency: np.ndarray
     p_order: np.ndarray
     p_scheduler: np.ndarray
@@ -82,12 +85,18 @@ class Timeline:
         return f"Timeline({len(self.end)} stages, {len(self.held)} holds)"
 
 
+def dispatch_ready(f: FrontEnd) -> np.ndarray:
+    """Every DISPATCH's ``ready``: the latest of its constraints."""
+    return np.maximum(np.maximum(np.maximum(f.d_order, f.d_queue), f.d_wait), f.d_launch)
+
+
 def ints(values: Sequence[int]) -> np.ndarray:
     return np.fromiter(values, dtype=np.int64, count=len(values))
 
 
 def front_end(prog, d: np.ndarray, start: np.ndarray, end: np.ndarray, done: np.ndarray, held: np.ndarray,
-              release: np.ndarray, strict: bool, waited: Sequence[tuple[int, int]]) -> FrontEnd:
+              release: np.ndarray, strict: bool, waited: Sequence[tuple[int, int]],
+              launches: Sequence[tuple[int, int]] = ()) -> FrontEnd:
     """The cycles at which each DISPATCH and PLAN constraint clears, per command (see :class:`FrontEnd`).
 
     ``d`` holds the seq of each command's DISPATCH; its PLAN is the next stage.
@@ -107,6 +116,9 @@ def front_end(prog, d: np.ndarray, start: np.ndarray, end: np.ndarray, done: np.
     d_wait = none.copy()
     for c, when in waited:
         d_wait[c] = when
+    d_launch = none.copy()
+    for c, when in launches:  # (first command of a later launch, the cycle it started)
+        d_launch[c] = when
     p_order = none.copy()
     p_order[1:] = start[p[:-1]]
     p_scheduler = none.copy()
@@ -116,7 +128,7 @@ def front_end(prog, d: np.ndarray, start: np.ndarray, end: np.ndarray, done: np.
         latest = np.searchsorted(held, np.arange(ncmd), side="left") - 1
         blocked = latest >= 0
         p_scheduler[blocked] = release[latest[blocked]]
-    return FrontEnd(d_order, d_queue, d_wait, end[d], p_order, p_scheduler)
+    return FrontEnd(d_order, d_queue, d_wait, d_launch, end[d], p_order, p_scheduler)
 
 
 def schedule_of(pe: PeState, commands: Sequence, loops: tuple = ()) -> Schedule:
@@ -137,8 +149,9 @@ def timeline_of(pe: PeState, sched: Schedule) -> Timeline:
     hit = ints([o for h in pe.hits for o in h])
     ready = ints(pe.rdy)
     d = ints(pe.ctab.dispatch_seq)
-    front = front_end(sched, d, start, end, done, held, release, pe.strict, pe.waited)
-    ready[d] = np.maximum(np.maximum(front.d_order, front.d_queue), front.d_wait)
+    front = front_end(sched, d, start, end, done, held, release, pe.strict, pe.waited,
+                      list(zip(pe.launch_first, pe.launch_start)))
+    ready[d] = dispatch_ready(front)
     ready[d + 1] = np.maximum(np.maximum(front.p_dependency, front.p_order), front.p_scheduler)
     return Timeline(pe.engines, start, end, ready, np.asarray(pe.unit, np.int16), done, held, release, hit_ptr,
                     hit, front)

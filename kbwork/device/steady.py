@@ -54,13 +54,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
+
+import numpy as np
 
 from ..errors import ValidationError
 from ..pe.engines import DataExecutor
 from ..pe.program import Loop
 from ..pe.scheduler import Program, Schedule, _spans_at
-from .loop import PeState, new_pe, run
+from .loop import JOIN, MASK, PE_SHIFT, WAKE, DeviceState, PeState, new_pe, run
 from .records import Timeline, schedule_of, timeline_of
 
 #: Boundaries a loop is watched for a repeated state before the steady state gives up on it (plus four
@@ -121,6 +123,7 @@ class Insertion:
     t1: int
     t2: int
     k: int
+    prog: Any = field(default=None, compare=False, repr=False)  # the launch whose loop it is
 
     @property
     def p(self) -> int:
@@ -210,7 +213,7 @@ def shift_invariant(prog: Program, loop: Loop) -> str | None:
 
 
 # --- the state at a boundary -------------------------------------------------------------------------------
-def canonical(pe: PeState, t: int, phase: int) -> tuple | None:
+def canonical(dev: DeviceState, pe: PeState, t: int, phase: int) -> tuple | None:
     """The whole dynamic state of ``pe`` at a boundary, with times, seqs and commands as offsets from it
     (module docstring); None when it refers to a command outside the boundary's loop."""
     ctab, table = pe.ctab, pe.table
@@ -221,6 +224,17 @@ def canonical(pe: PeState, t: int, phase: int) -> tuple | None:
     if lo < 0 or ctab.loop[lo] is not loop:
         return None
     start, end, unit, remaining, xsucc = pe.start, pe.end, pe.unit, pe.remaining, pe.xsucc
+    mine = pe.pe << PE_SHIFT
+    events = []
+    for e, key in dev.events:  # this PE's pending events (a flow's end that moved is no longer one)
+        if key >> PE_SHIFT == pe.pe:
+            q = key & MASK
+            if q == WAKE:
+                continue
+            if q >= JOIN:
+                events.append((e - t, (q ^ JOIN) - s0, 1))  # a flow about to join its channel
+            elif end[q] == e:
+                events.append((e - t, q - s0, 0))
     window = ctab.dispatch_seq[pe.first_incomplete] if pe.first_incomplete < c else s0
     stages = []
     for s in range(window, s0):
@@ -236,7 +250,7 @@ def canonical(pe: PeState, t: int, phase: int) -> tuple | None:
                         tuple(None if q is None or -1 < end[q] <= t else q - s0 for q in ring._consumer[slot]))
                        for slot in ring.SLOTS)
     f = pe.first_incomplete
-    return (phase, tuple(sorted((e - t, q - s0) for e, q in pe.events)), tuple(tuple(sorted(q - s0 for q in rq))
+    return (phase, tuple(sorted(events)), tuple(tuple(sorted(q - s0 for q in rq))
                                                                                    for rq in pe.ready_q),
             tuple(stages), tuple(x - c for x in range(f, c) if pe.completed[x]), tuple(pe.cmd_left[f:c]),
             f - c, pe.next_dispatch - c, pe.dispatched_end - c, pe.next_plan - c, pe.in_flight,
@@ -266,21 +280,22 @@ class Steady:
         self.insertions: list[Insertion] = []
         self.first: tuple[int, int] | None = None  # (period, proven at) of the first insertion
 
-    def watch(self, loop: Loop) -> _Watch:
-        w = self.watches.get(loop.number)
+    def watch(self, loop: Loop, prog: Program) -> _Watch:
+        w = self.watches.get(id(loop))
         if w is None:
-            why = shift_invariant(self.prog, loop)
-            w = self.watches[loop.number] = _Watch(loop, self.prog.loop_period(loop), why)
+            why = shift_invariant(prog, loop)
+            w = self.watches[id(loop)] = _Watch(loop, prog.loop_period(loop), why)
             if why is not None:
                 w.outcome = f"simulated in full: {why}"
         return w
 
-    def __call__(self, pe: PeState, t: int) -> None:
+    def __call__(self, dev: DeviceState, pe: PeState, t: int) -> None:
         loop, i = pe.cursor.at_boundary()
-        w = self.watch(loop)
+        prog = pe.cursor.program
+        w = self.watch(loop, prog)
         if w.why_not is not None or w.outcome:
             return
-        depth = self.prog.topo.cmd_queue_depth
+        depth = prog.topo.cmd_queue_depth
         cpi = len(loop.body)
         # iterations the loop keeps after a jump: a period, and cmd_queue_depth commands before its last
         keep = w.period + -(-depth // cpi) + 1
@@ -296,7 +311,7 @@ class Steady:
         if w.watched > WATCH + 4 * w.period:
             w.outcome = f"simulated in full: no repeated state within the first {w.watched - 1} boundaries watched"
             return
-        key = canonical(pe, t, i % w.period)
+        key = canonical(dev, pe, t, i % w.period)
         if key is None:
             return
         c, s = pe.n_lowered, len(pe.start)
@@ -310,7 +325,7 @@ class Steady:
         if k < 1:
             w.outcome = "simulated in full: the loop ended before a period could be inserted"
             return
-        ins = Insertion(loop, i1, i, c1, c, s1, s, t1, t, k)
+        ins = Insertion(loop, i1, i, c1, c, s1, s, t1, t, k, prog)
         self._jump(pe, ins)
         self.insertions.append(ins)
         if self.first is None:
@@ -326,13 +341,13 @@ class Steady:
         ctab = pe.ctab
         for x in range(pe.first_incomplete, pe.n_lowered):
             if ctab.loop[x] is loop and not pe.completed[x]:
-                bc = self.prog.body_command(loop, ctab.body[x])
+                bc = pe.cursor.program.body_command(loop, ctab.body[x])
                 pe.moved[x] = (ctab.reads[x], ctab.writes[x])
                 ctab.reads[x] = _spans_at(bc.reads, ctab.iteration[x] + skip)
                 ctab.writes[x] = _spans_at(bc.writes, ctab.iteration[x] + skip)
 
     def state(self, why_full: str) -> SteadyState:
-        lines = tuple(f"loop {n}: {w.outcome or 'simulated in full'}" for n, w in sorted(self.watches.items()))
+        lines = tuple(f"loop {n}: {w.outcome or 'simulated in full'}" for n, w in enumerate(self.watches.values()))
         if not self.insertions:
             reason = "; ".join(w.outcome.split(": ", 1)[1] for w in self.watches.values() if w.outcome) or why_full
             return SteadyState("full", reason=reason, loops=lines)
@@ -341,37 +356,113 @@ class Steady:
 
 def simulate_program(prog: Program, memory=None, *, steady_state: bool = True,
                      why_full: str = "steady_state=False") -> tuple[Timeline, Schedule, SteadyState]:
-    """Run ``prog`` through the event loop: in data mode (``memory`` given) with the executor, every stage;
-    in timing mode with the steady state unless ``steady_state`` is False.
+    """Run one launch ``prog`` on one PE: in data mode (``memory`` given) with the executor, every stage; in
+    timing mode with the steady state unless ``steady_state`` is False (:func:`simulate_pe`)."""
+    from .loop import LaunchMemory
+
+    mem = None if memory is None else [LaunchMemory(memory.hbm, memory.tcm)]
+    return simulate_pe([prog], mem, steady_state=steady_state, why_full=why_full)
+
+
+def simulate_pe(progs: Sequence[Program], memories: Sequence[Any] | None = None, *, steady_state: bool = True,
+                why_full: str = "steady_state=False") -> tuple[Timeline, Schedule, SteadyState]:
+    """Run the launches ``progs`` back to back on one PE alone (no channel it uses is contended): in data mode
+    (``memories``: each launch's ``LaunchMemory``) every stage; in timing mode with the steady state unless
+    ``steady_state`` is False.
 
     Returns:
-        The run's timeline, its schedule (both in the real numbering: a steady run's are the simulated
-        records with the inserted periods repeated, built on first use) and how it ran.
+        The PE's timeline, its schedule (both in the real numbering: a steady run's are the simulated records
+        with the inserted periods repeated, built on first use) and how it ran.
     """
-    pe = new_pe(prog)
-    if memory is not None:
-        executor = DataExecutor(memory)
-        with executor.quiet():
-            run(pe, executor.apply)
+    prog = progs[0]
+    pe = new_pe(prog, launches=progs[1:], memories=memories or ())
+    if memories:
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            run(pe)
         # every effect has been applied: let them go (they hold a record per stage; the analysis never reads them)
         pe.table.effects = [None] * len(pe.table)
-        sched = schedule_of(pe, prog.trace.commands, prog.loops)
-        return timeline_of(pe, sched), sched, SteadyState("full", reason=why_full)
-    if not steady_state or not prog.loops:
+        return _finish(pe, progs, None, SteadyState("full", reason=why_full))
+    if not steady_state or not any(p.loops for p in progs):
         run(pe)
-        sched = schedule_of(pe, prog.trace.commands, prog.loops)
-        return timeline_of(pe, sched), sched, SteadyState(
-            "full", reason=why_full if not steady_state else "the program has no tl.range loop")
+        return _finish(pe, progs, None, SteadyState(
+            "full", reason=why_full if not steady_state else "the program has no tl.range loop"))
     watcher = Steady(prog)
     run(pe, on_boundary=watcher)
+    return _finish(pe, progs, watcher, watcher.state("no loop was accelerated"))
+
+
+def _finish(pe: PeState, progs: Sequence[Program], watcher: "Steady | None",
+            state: SteadyState) -> tuple[Timeline, Schedule, SteadyState]:
     for x, (r, w) in pe.moved.items():  # the commands that crossed a jump keep their own footprints
         pe.ctab.reads[x], pe.ctab.writes[x] = r, w
-    sched = schedule_of(pe, prog.trace.commands, prog.loops)
+    commands = progs[0].trace.commands if len(progs) == 1 else _Concat([p.trace.commands for p in progs])
+    loops = tuple(lp for p in progs for lp in p.loops)
+    sched = schedule_of(pe, commands, loops)
     tl = timeline_of(pe, sched)
-    state = watcher.state("no loop was accelerated")
-    if not watcher.insertions:
+    if watcher is None or not watcher.insertions:
         return tl, sched, state
     from .expand import expand
 
-    xs, xt = expand(prog, sched, tl, watcher.insertions, pe.waited)
+    xs, xt = expand(progs[0], sched, tl, watcher.insertions, pe.waited,
+                    list(zip(pe.launch_first, pe.launch_start)))
     return xt, xs, state
+
+
+class _Concat(Sequence):
+    """The commands of several launches, one after another (each launch's own sequence, instantiated on access)."""
+
+    def __init__(self, parts: Sequence[Sequence]):
+        self._parts = list(parts)
+        self._starts = [0]
+        for p in self._parts:
+            self._starts.append(self._starts[-1] + len(p))
+
+    def __len__(self) -> int:
+        return self._starts[-1]
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[x] for x in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(f"command {i} out of range ({len(self)} commands)")
+        import bisect
+
+        k = bisect.bisect_right(self._starts, i) - 1
+        return self._parts[k][i - self._starts[k]]
+
+    def __iter__(self):
+        for p in self._parts:
+            yield from p
+
+    def __repr__(self) -> str:
+        return f"Commands({len(self)} commands in {len(self._parts)} launches)"
+
+
+def simulate_group(progs: Sequence[Sequence[Program]], memories: Sequence[Sequence[Any]] | None,
+                   channels: dict, *, steady_state: bool = True,
+                   why_full: str = "steady_state=False") -> list[tuple[Timeline, Schedule, SteadyState]]:
+    """Run several PEs that share contended channels in one event loop: PE ``i`` runs the launches ``progs[i]``.
+
+    Returns:
+        Per PE, as :func:`simulate_pe` does.
+    """
+    from .loop import device as make_device
+
+    pes = [new_pe(ps[0], launches=ps[1:], memories=() if memories is None else memories[i])
+           for i, ps in enumerate(progs)]
+    dev = make_device(pes, channels)
+    if memories is not None:
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            run(dev)
+        for pe in pes:
+            pe.table.effects = [None] * len(pe.table)
+        why = why_full
+    else:
+        run(dev)  # the steady state on a group of PEs: not yet; every stage is simulated
+        why = why_full if not steady_state else "PEs sharing a channel are simulated in full"
+    out = []
+    for pe, ps in zip(pes, progs):
+        out.append(_finish(pe, ps, None, SteadyState("full", reason=why)))
+    return out

@@ -36,11 +36,11 @@ from ..errors import SimulationError
 _DISPATCH, _PLAN = 0, 1
 
 #: What bound a stage's start: the cause of a critical-path link (DESIGN §11).
-CAUSES = ("engine", "dependency", "hazard", "queue", "wait", "scheduler", "order")
-ENGINE, DEPENDENCY, HAZARD, QUEUE, WAIT, SCHEDULER, ORDER = range(len(CAUSES))
+CAUSES = ("engine", "dependency", "hazard", "queue", "wait", "scheduler", "order", "launch")
+ENGINE, DEPENDENCY, HAZARD, QUEUE, WAIT, SCHEDULER, ORDER, LAUNCH = range(len(CAUSES))
 #: When constraints tie at the cycle that sets ``ready``, the first of these is named (``Bindings``
 #: tries each stage kind's constraints in this order).
-TIE_ORDER = (HAZARD, SCHEDULER, WAIT, QUEUE, DEPENDENCY, ORDER)
+TIE_ORDER = (LAUNCH, HAZARD, SCHEDULER, WAIT, QUEUE, DEPENDENCY, ORDER)
 
 
 class Bindings:
@@ -78,6 +78,8 @@ class Bindings:
         k, c = self._kind[s], self._cmd[s]
         f = tl.front
         if k == _DISPATCH:
+            if f.d_launch[c] == r:  # the first command of a later launch: after the last stage of the one before
+                return LAUNCH, self._last_of_launch_before(c, r)
             if f.d_wait[c] == r:
                 return WAIT, self._completion(min(w for w in prog.waits[c] if tl.done[w] == r), r)
             if f.d_queue[c] == r:
@@ -108,6 +110,21 @@ class Bindings:
             if best >= 0:
                 return DEPENDENCY, best
         raise SimulationError(f"no constraint of {prog.table.describe(s)} clears at its ready cycle {r}.")
+
+    def _last_of_launch_before(self, c: int, r: int) -> int:
+        """The lowest-seq stage ending at cycle ``r`` (the launch's start) among the commands before ``c``."""
+        tl = self.tl
+        lo = int(np.flatnonzero(np.asarray(tl.front.d_launch[:c]) >= 0)[-1]) if (np.asarray(tl.front.d_launch[:c])
+                                                                                  >= 0).any() else 0
+        best = -1
+        for x in range(lo, c):
+            if tl.done[x] == r:
+                s = self._completion(x, r)
+                if best < 0 or s < best:
+                    best = s
+        if best < 0:
+            raise SimulationError(f"no stage of the launch before command {c} ends at its start {r}.")
+        return best
 
     def _first_done(self, r: int) -> int:
         """The lowest-numbered command completing at cycle ``r``."""

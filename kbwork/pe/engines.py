@@ -9,6 +9,7 @@ scheduling bug shows up as a wrong number.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from typing import Any, Callable, Mapping, NamedTuple
 
 import numpy as np
@@ -25,6 +26,9 @@ class Latency:
         self.topo = topo
         t = topo
         self._dma_base, self._dma_bw = t.dma_base_cycles, t.dma_bytes_per_cycle
+        # a transfer alone on its channel moves at the lesser of its unit's rate and the channel's (§14)
+        ch = t.channel_fraction
+        self._alone: Fraction | None = ch if ch is not None and ch < t.dma_bytes_per_cycle else None
         self._fetch_bw = t.fetch_bytes_per_cycle
         self._gemm_base, self._mr, self._mc = t.gemm_base_cycles, t.mac_rows, t.mac_cols
         self._math_base, self._math_bw = t.math_base_cycles, t.math_elements_per_cycle
@@ -39,8 +43,11 @@ class Latency:
         return self.topo.plan_base_cycles + self.topo.plan_cycles_per_op * n_ops
 
     def dma(self, nbytes: int) -> int:
-        """One DMA transfer: ``200 + ceil(bytes / 64)``."""
-        return self._dma_base + -(-nbytes // self._dma_bw)
+        """One DMA transfer alone on its channel: ``200 + ceil(bytes / min(64, channel bytes per cycle))``."""
+        rate = self._alone
+        if rate is None:
+            return self._dma_base + -(-nbytes // self._dma_bw)
+        return self._dma_base + -(-nbytes * rate.denominator // rate.numerator)
 
     def fetch(self, nbytes: int) -> int:
         """FETCH of a- and b-tiles from TCM: ``ceil(bytes / 128)``."""

@@ -35,8 +35,8 @@ from .program import Loop, Plain, Trace
 from ..symbolic import Index
 from .stages import Engine, Phase, RawStageTable, StageKind, StageTable
 from .engines import BINDERS, StagingRef
-from .templates import (PLAN_CACHE, SEEN_ONCE, UNSEEN, CommandTemplate, PlanTemplate, handle_names, record,
-                        record_effects, signature_key, stamp)
+from .templates import (PLAN_CACHE, SEEN_ONCE, UNSEEN, CommandTemplate, PlanTemplate, handle_names,
+                        path_handles, record, record_effects, signature_key, stamp)
 from .tiling import StagingRing, generate_plan_from_ops, named_handles
 
 #: A byte range in one memory: (space is TCM, first byte, one past the last); ``Handle.span``.
@@ -207,9 +207,10 @@ class Program:
     def __repr__(self) -> str:
         return f"Program({self.n_commands} commands, {len(self.loops)} loops, {self.topo.name})"
 
-    def cursor(self, table: StageTable, commands: CommandTable) -> "Cursor":
-        """A cursor that lowers this program's commands, in order, into ``table`` and ``commands``."""
-        return Cursor(self, table, commands)
+    def cursor(self, table: StageTable, commands: CommandTable, cmd_offset: int = 0) -> "Cursor":
+        """A cursor that lowers this program's commands, in order, into ``table`` and ``commands`` (their ids in
+        program order counted from ``cmd_offset``: a launch after others on the same PE)."""
+        return Cursor(self, table, commands, cmd_offset)
 
     # --- per-command costs ----------------------------------------------------------------
     def dispatch_of(self, logical_bytes: int) -> int:
@@ -309,6 +310,7 @@ class _IterationTemplate:
     lpreds: tuple
     lsucc: tuple
     npred: tuple
+    chan: tuple                 # per stage: the HBM channel a DMA stage moves bytes on, -1 otherwise
     sizes: tuple                # per command: its number of stages
     doff: tuple                 # per command: its DISPATCH offset
     eoff: tuple                 # per command: one past its last stage
@@ -344,13 +346,13 @@ def _iteration_template(prog: "Program", loop: Loop) -> _IterationTemplate | Non
     if any(bc.template is None for bc in bcs):
         return None
     cols: dict[str, list] = {n: [] for n in ("kind", "engine", "phase", "op_kind", "tile", "k_tile", "nbytes", "dur",
-                                             "lpreds", "lsucc", "npred")}
+                                             "lpreds", "lsucc", "npred", "chan")}
     sizes, doff, eoff, named, name_base, ring_users, fixed_fp = [], [], [], [], [], [], []
     off = names = 0
     for k, bc in enumerate(bcs):
         ct = bc.template
         for n in cols:
-            cols[n] += getattr(ct, n)
+            cols[n] += getattr(ct, n) if n != "chan" else [bc.paths[x].channel if x >= 0 else -1 for x in ct.chan]
         doff.append(off)
         sizes.append(len(ct))
         n_names = len(ct.plan.tensors)
@@ -386,10 +388,11 @@ class Cursor:
     reached so far.
     """
 
-    def __init__(self, program: Program, table: StageTable, commands: CommandTable):
+    def __init__(self, program: Program, table: StageTable, commands: CommandTable, cmd_offset: int = 0):
         self.program = program
         self.table = table
         self.commands = commands
+        self.cmd_offset = cmd_offset
         self.ring = StagingRing(program.topo, program.staging_base)
         self.next = 0           # the next command to lower (its id in program order)
         self.reach = 0
@@ -469,6 +472,7 @@ class Cursor:
         table.nbytes += it.nbytes * m
         table.dur += it.dur * m
         table.effects += [None] * (n * m)
+        table.chan += it.chan * m
         table.lpreds += it.lpreds * m
         table.lsucc += it.lsucc * m
         table.npred += it.npred * m
@@ -519,7 +523,7 @@ class Cursor:
         self.ext_edges = ext_edges
         self._note_reach(ext_edges)
         # the commands
-        ctab.cmd += range(real0, real0 + m * K)
+        ctab.cmd += range(self.cmd_offset + real0, self.cmd_offset + real0 + m * K)
         ctab.dispatch_seq += [ib0 + j * n + o for j in range(m) for o in doff]
         ctab.plan_end += [ib0 + j * n + o for j in range(m) for o in eoff]
         reads, writes = ctab.reads, ctab.writes
@@ -592,7 +596,8 @@ class Cursor:
         if bc.template is not None:
             count = dict(self.ring._count)  # the ring before the command takes its buffers
             self.ext_edges = stamp(bc.template, cid, [h.name_at(i) if h.__class__ is LoopHandle else h.name
-                                                      for h in bc.paths], table, self.ring, prev_d, prev_p)
+                                                      for h in bc.paths], [h.channel for h in bc.paths], table,
+                                   self.ring, prev_d, prev_p)
             if prog.with_effects:
                 self._bind_command(bc, i, cid, d, table.effects, count, {})
             self._note_reach(self.ext_edges)
@@ -602,7 +607,8 @@ class Cursor:
             self._generic(cmd, cid, bc.dispatch, bc.plan, prev_d, prev_p)
             reads, writes = footprint(cmd)
             label = cmd.label
-        self.commands.append(real, d, len(table), reads, writes, self._waits(real) if loop.waits else (), label,
+        self.commands.append(self.cmd_offset + real, d, len(table), reads, writes,
+                             self._waits(real) if loop.waits else (), label,
                              loop.iter_label(i, k), body_cmd.logical_bytes, bc.dispatch, loop, i, k)
 
     def _lower_plain(self, cmd: Command, cid: int) -> None:
@@ -616,14 +622,15 @@ class Cursor:
         prev_d, prev_p = self._order(d)
         tpl = self._cached_plan(cmd)
         if tpl is not None:
-            self.ext_edges = stamp(prog.command_template(cmd, tpl), cid, handle_names(cmd, tpl.paths), table,
-                                   self.ring, prev_d, prev_p)
+            handles = path_handles(cmd, tpl.paths)
+            self.ext_edges = stamp(prog.command_template(cmd, tpl), cid, [h.name for h in handles],
+                                   [h.channel for h in handles], table, self.ring, prev_d, prev_p)
             self._note_reach(self.ext_edges)
         else:
             self._generic(cmd, cid, dc, pc, prev_d, prev_p)
         reads, writes = footprint(cmd)
-        self.commands.append(real, d, len(table), reads, writes, self._waits(real), cmd.label, cmd.iter,
-                             cmd.logical_bytes, dc)
+        self.commands.append(self.cmd_offset + real, d, len(table), reads, writes, self._waits(real), cmd.label,
+                             cmd.iter, cmd.logical_bytes, dc)
 
     def _order(self, d: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
         prev_d = () if self._last_dispatch is None else (self._last_dispatch,)
@@ -633,7 +640,7 @@ class Cursor:
 
     def _waits(self, real: int) -> tuple[int, ...]:
         """``tl.wait`` targets of command ``real``, as positions in the command table."""
-        return tuple(self._position(t) for t in self.program.trace.waits_of(real))
+        return tuple(self._position(self.cmd_offset + t) for t in self.program.trace.waits_of(real))
 
     def _position(self, target: int) -> int:
         ctab = self.commands

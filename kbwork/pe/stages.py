@@ -86,9 +86,10 @@ def unit_names(engines: Sequence[EngineSpec]) -> tuple[str, ...]:
     return tuple(name if cap == 1 else f"{name}{i}" for name, cap in engines for i in range(cap))
 
 
-#: The columns :meth:`StageTable.add` takes (``preds`` absolute seqs), in its argument order.
+#: The columns :meth:`StageTable.add` takes (``preds`` absolute seqs), in its argument order; ``chan`` is the
+#: HBM channel a DMA stage's bytes move on (-1 for every other stage).
 COLUMNS = ("kind", "engine", "phase", "cmd", "op_kind", "tile", "k_tile", "tensor", "nbytes", "dur", "preds",
-           "effects")
+           "effects", "chan")
 
 
 class RawStageTable:
@@ -109,11 +110,11 @@ class RawStageTable:
         return f"RawStageTable({len(self)} stages)"
 
     def add(self, kind: int, engine: int, phase: int, cmd: int, op_kind: str, tile: int, k_tile: int, tensor: str,
-            nbytes: int, dur: int, preds: tuple[int, ...], effect: object = None) -> int:
+            nbytes: int, dur: int, preds: tuple[int, ...], effect: object = None, chan: int = -1) -> int:
         """Append one stage and return its seq."""
         s = len(self.kind)
         for name, v in zip(COLUMNS, (kind, engine, phase, cmd, op_kind, tile, k_tile, tensor, nbytes, dur, preds,
-                                     effect)):
+                                     effect, chan)):
             getattr(self, name).append(v)
         return s
 
@@ -125,9 +126,11 @@ class StageTable:
     """Every stage of a program, in creation (``seq``) order, as columns (plain lists indexed by seq).
 
     ``kind, engine, phase, cmd, op_kind, tile, k_tile, tensor, nbytes, dur,
-    effects``: a stage names the engine it runs on (the planner sets it; the
-    timeline never derives it), its command, what the op_log shows, its
-    duration and, in data mode, its effect (``None`` otherwise).
+    effects, chan``: a stage names the engine it runs on (the planner sets it;
+    the timeline never derives it), its command, what the op_log shows, its
+    duration (a DMA stage's alone on its channel), in data mode its effect
+    (``None`` otherwise), and for a DMA stage the HBM channel it moves bytes
+    on (-1 otherwise).
 
     Dependencies are kept the way a command's stages are made — a block at a
     time — so that stamping a template extends lists instead of building a
@@ -146,8 +149,8 @@ class StageTable:
     """
 
     __slots__ = ("kind", "engine", "phase", "cmd", "op_kind", "tile", "k_tile", "_tensor", "nbytes", "dur",
-                 "effects", "lpreds", "xpreds", "lsucc", "npred", "cbase", "pending_names", "with_effects", "_base",
-                 "_preds")
+                 "effects", "chan", "lpreds", "xpreds", "lsucc", "npred", "cbase", "pending_names", "with_effects",
+                 "_base", "_preds")
 
     def __init__(self, with_effects: bool = False):
         for name in self.__slots__[:-3]:
@@ -180,7 +183,7 @@ class StageTable:
         return self._base
 
     def add(self, kind: int, engine: int, phase: int, cmd: int, op_kind: str, tile: int, k_tile: int, tensor: str,
-            nbytes: int, dur: int, preds: tuple[int, ...], effect: object = None) -> int:
+            nbytes: int, dur: int, preds: tuple[int, ...], effect: object = None, chan: int = -1) -> int:
         """Append one stage of the open command (``preds`` as absolute seqs) and return its seq."""
         s = len(self.kind)
         b = self._base
@@ -195,6 +198,7 @@ class StageTable:
         self.nbytes.append(nbytes)
         self.dur.append(dur)
         self.effects.append(effect)
+        self.chan.append(chan)
         local = tuple(p - b for p in preds if p >= b)
         self.lpreds.append(local)
         self.xpreds.append(tuple(p for p in preds if p < b))

@@ -47,6 +47,8 @@ class PlanTemplate:
     ``-2 - ext`` (the consumer the staging ring holds for relative buffer ``ext`` before the plan starts).
     ``tensor``: per stage an index into ``tensors``, each a literal name or a tuple of ``paths`` indices
     joined by ``|``. ``paths``: ``(op index, operand name or None for out)`` whose names the stages use.
+    ``chan``: per stage the ``paths`` index of the HBM handle a DMA stage moves (its channel is that
+    handle's), -1 for every other stage.
     ``externals``: ``(pred code, slot, relative buffer)`` of every ring marker the rows use.
     ``ring``: per slot the plan takes buffers from, ``(slot, buffers taken, ((relative buffer, local stage
     that last consumes it), ...))``.
@@ -66,6 +68,7 @@ class PlanTemplate:
     paths: tuple[tuple[int, str | None], ...]
     externals: tuple[tuple[int, str, int], ...]
     ring: tuple[tuple[str, int, tuple[tuple[int, int], ...]], ...]
+    chan: tuple[int, ...] = ()
 
     def __len__(self) -> int:
         return len(self.kind)
@@ -117,7 +120,7 @@ def record_effects(cmd: CompositeCmd, topo: Topology, lat: Latency) -> tuple:
 #: keys the cache.
 _NOT_PLANNED = frozenset({"name", "source", "clock_ghz", "fixed_cycles", "r_cycles_per_byte",
                           "max_composite_logical_bytes", "cmd_queue_depth", "hazard_policy",
-                          "plan_base_cycles", "plan_cycles_per_op"})
+                          "plan_base_cycles", "plan_cycles_per_op", "pes", "hbm_channels"})
 _PLAN_FIELDS = tuple(f.name for f in fields(Topology) if f.name not in _NOT_PLANNED)
 
 #: Marks a signature planned once so far: the scheduler records it on the next sighting.
@@ -239,7 +242,8 @@ def record(cmd: CompositeCmd, topo: Topology, lat: Latency) -> PlanTemplate | No
     used: dict[int, int] = {}  # index in paths -> index in the template's paths
     codes: set[int] = set()
     tensor_of = []
-    for tensor, preds in zip(table.tensor, table.preds):
+    chan_of = []
+    for kind, tensor, preds, chan in zip(table.kind, table.tensor, table.preds, table.chan):
         ti = tensor_index.get(tensor)
         if ti is None:
             if tensor:
@@ -253,6 +257,13 @@ def record(cmd: CompositeCmd, topo: Topology, lat: Latency) -> PlanTemplate | No
             tensors.append(spec)
         codes.update(x for x in preds if x < _AFTER)
         tensor_of.append(ti)
+        if chan >= 0:  # a DMA stage: its channel is that of the one handle it names
+            spec = tensors[ti]
+            if spec.__class__ is str or len(spec) != 1:
+                return None
+            chan_of.append(spec[0])
+        else:
+            chan_of.append(-1)
     n = ring.n_buffers
     externals = tuple((code, ring.SLOTS[(-2 - code) // n], (-2 - code) % n) for code in sorted(codes, reverse=True))
     ring_use = tuple((slot, ring._count[slot], tuple((r, local) for r, local in enumerate(ring.local_binds[slot])
@@ -261,13 +272,22 @@ def record(cmd: CompositeCmd, topo: Topology, lat: Latency) -> PlanTemplate | No
     used_paths = tuple(paths[i] for i, _ in sorted(used.items(), key=lambda ik: ik[1]))
     return PlanTemplate(tuple(table.kind), tuple(table.engine), tuple(table.phase), tuple(table.op_kind),
                         tuple(table.tile), tuple(table.k_tile), tuple(table.nbytes), tuple(table.dur),
-                        tuple(table.preds), tuple(tensor_of), tuple(tensors), used_paths, externals, ring_use)
+                        tuple(table.preds), tuple(tensor_of), tuple(tensors), used_paths, externals, ring_use,
+                        tuple(chan_of))
+
+
+def path_handles(cmd: CompositeCmd, paths: tuple[tuple[int, str | None], ...]) -> list:
+    """The handles ``paths`` point at in ``cmd`` (``(op index, operand or None for out)``)."""
+    ops = cmd.ops
+    return [(ops[oi].out if port is None else ops[oi].operands[port]) for oi, port in paths]
 
 
 def handle_names(cmd: CompositeCmd, paths: tuple[tuple[int, str | None], ...]) -> list[str]:
-    """The names of the handles ``paths`` point at in ``cmd`` (``(op index, operand or None for out)``)."""
-    ops = cmd.ops
-    return [(ops[oi].out if port is None else ops[oi].operands[port]).name for oi, port in paths]
+    """The names of the handles ``paths`` point at in ``cmd``."""
+    return [h.name for h in path_handles(cmd, paths)]
+
+
+
 
 
 _D, _P = int(StageKind.DISPATCH), int(StageKind.PLAN)
@@ -299,6 +319,7 @@ class CommandTemplate:
     npred: tuple[int, ...]
     tensor: tuple[int, ...]
     ext_rows: tuple[tuple[int, tuple[int, ...]], ...]
+    chan: tuple[int, ...]
 
     def __len__(self) -> int:
         return len(self.kind)
@@ -324,15 +345,17 @@ class CommandTemplate:
             tpl, (_D, _P) + tpl.kind, (_CPU, _SCHED) + tpl.engine, (_PD, _PP) + tpl.phase, (op_kind, op_kind) + tpl.op_kind,
             (-1, -1) + tpl.tile, (-1, -1) + tpl.k_tile, (logical_bytes, 0) + tpl.nbytes,
             (dispatch, plan) + (tpl.dur if dur is None else dur), tuple(lpreds), tuple(tuple(x) for x in lsucc),
-            (0, 0) + tuple(len(p) for p in lpreds[2:]), (-1, -1) + tpl.tensor, tuple(ext_rows))
+            (0, 0) + tuple(len(p) for p in lpreds[2:]), (-1, -1) + tpl.tensor, tuple(ext_rows),
+            (-1, -1) + (tpl.chan or (-1,) * len(tpl.kind)))
 
 
-def stamp(ct: CommandTemplate, cid: int, names: list[str], table: StageTable, ring: StagingRing,
-          prev_d: tuple[int, ...], prev_p: tuple[int, ...]) -> list[tuple[int, int]]:
+def stamp(ct: CommandTemplate, cid: int, names: list[str], chans: list[int], table: StageTable,
+          ring: StagingRing, prev_d: tuple[int, ...], prev_p: tuple[int, ...]) -> list[tuple[int, int]]:
     """Append command ``cid``'s stages (DISPATCH, PLAN, plan) to ``table`` from ``ct`` and advance ``ring`` as
     generating them would.
 
-    ``names`` are the names of the handles of ``ct.plan.paths`` in this command (``handle_names``);
+    ``names`` and ``chans`` are the names and channels of the handles of ``ct.plan.paths`` in this command
+    (``path_handles``), which its stages carry;
     ``prev_d``/``prev_p`` the previous command's DISPATCH/PLAN (program order, for the analysis).
 
     Returns:
@@ -354,6 +377,7 @@ def stamp(ct: CommandTemplate, cid: int, names: list[str], table: StageTable, ri
     table.nbytes += ct.nbytes
     table.dur += ct.dur
     table.effects += [None] * k
+    table.chan += [chans[x] if x >= 0 else -1 for x in ct.chan]
     table.lpreds += ct.lpreds
     xpreds = table.xpreds
     xpreds += [()] * k

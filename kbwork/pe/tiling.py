@@ -162,7 +162,8 @@ def generate_plan_from_ops(cmd: Command, topo: Topology, table: StageTable | Non
         kind = _DMA_READ if dst.space == Space.TCM else _DMA_WRITE
         hbm = src if src.space == Space.HBM else dst
         eff = CopyBlock(src, 0, src.shape[0], 0, src.shape[-1], dst) if fx else None
-        s = table.add(kind, _E_DMA, _SINGLE, cid, "dma", 0, -1, hbm.name, src.nbytes, lat.dma(src.nbytes), after, eff)
+        s = table.add(kind, _E_DMA, _SINGLE, cid, "dma", 0, -1, hbm.name, src.nbytes, lat.dma(src.nbytes), after, eff,
+                      hbm.channel)
         return PipelinePlan(cid, table, first, len(table), 1, tile_last=(s,))
 
     ops = cmd.ops
@@ -236,7 +237,7 @@ def _plan_math_only(cmd: CompositeCmd, table: StageTable, ring: StagingRing, lat
                     eff = CopyBlock(h, 0, h.shape[0], 0, h.shape[-1], stage_h) if table.with_effects else None
                     preds = prev if wait is None else prev + (wait,)
                     reads.append(table.add(_DMA_READ, _E_DMA, _SINGLE, cid, op.kind, 0, -1, h.name, h.nbytes,
-                                           lat.dma(h.nbytes), preds, eff))
+                                           lat.dma(h.nbytes), preds, eff, h.channel))
                     staged.append(("b", buf))
                 prev = tuple(reads)
         s = _math_stage(table, lat, op, _SINGLE, cid, 0, prev, target, operands)
@@ -330,7 +331,7 @@ def _plan_gemm(cmd: CompositeCmd, g: int, topo: Topology, table: StageTable, rin
                             b_blk = blk
                     preds = loop_after if wait is None else loop_after + (wait,)
                     reads.append(table.add(_DMA_READ, _E_DMA, _TILE, cid, "gemm", t, kk, h.name, nbytes,
-                                           lat.dma(nbytes), preds, eff))
+                                           lat.dma(nbytes), preds, eff, h.channel))
                     staged.append((slot, buf))
                 fb = a_bytes + b_bytes
                 eff = Fetch((cid, t, kk), a_blk, b_blk, trans_b) if fx else None
@@ -350,7 +351,7 @@ def _plan_gemm(cmd: CompositeCmd, g: int, topo: Topology, table: StageTable, rin
                 nbytes = tm * tn * out_isz
                 eff = StoreAcc(acc_key, out, r0, r1, c0, c1) if fx else None
                 s = table.add(_DMA_WRITE, _E_DMA, _TILE, cid, "gemm", t, -1, out.name, nbytes, lat.dma(nbytes), (s,),
-                              eff)
+                              eff, out.channel)
             elif fx:
                 _attach(table, s, StoreAcc(acc_key, out, r0, r1, c0, c1))
             tile_last.append(s)

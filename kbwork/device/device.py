@@ -1,0 +1,418 @@
+"""A device run (DESIGN.md §14): every PE's launches through one event loop, the isolation check, and the
+exact reductions.
+
+PEs share bandwidth, never data, and they interact only through the channels their transfers share, and
+only where sharing can slow a transfer (:func:`kbwork.device.flows.contended`). So a device run:
+
+1. refuses, before simulating, any HBM range one PE writes and another reads or writes
+   (:func:`check_isolation`);
+2. splits the PEs into *groups*: PEs linked when their transfers touch a common contended channel
+   (:func:`groups`); each group is simulated by itself, in one event loop;
+3. simulates a group whose launch lists and layouts, relative to their tensors, equal an earlier group's
+   once, and gives the later group the earlier one's records (:func:`group_key`);
+4. in timing mode, lets the steady state (:mod:`.steady`) insert whole periods of every loop, jointly
+   for the PEs of a group.
+
+Every reduction gives the plain simulation's results; :class:`Reductions` says which ran.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from ..errors import ValidationError
+from ..memory import Handle, LoopHandle, Space
+from ..pe.commands import DmaCmd
+from ..pe.program import Loop, Plain
+from ..pe.scheduler import Program, _handles
+from ..symbolic import Index
+from .flows import FlowChannel, contended
+
+
+@dataclass
+class Reductions:
+    """Which exact reductions a device run used (``run.reductions``)."""
+
+    pes: int = 1
+    groups: int = 1                 # groups of PEs simulated separately (linked by contended channels)
+    simulated: int = 1              # groups actually simulated; the others replicated from an equal one
+    contended_channels: tuple[int, ...] = ()
+    replicated_from: dict[int, int] = field(default_factory=dict)  # PE -> the PE whose records it took
+
+    def __str__(self) -> str:
+        parts = [f"{self.pes} PEs"]
+        if self.pes > 1:
+            parts.append(f"{self.groups} groups simulated separately" if self.groups > 1 else "one group")
+            if self.simulated < self.groups:
+                parts.append(f"{self.simulated} simulated, {self.groups - self.simulated} replicated from an "
+                             f"identical one")
+        parts.append(f"contended channels: {', '.join(map(str, self.contended_channels)) or 'none'}")
+        return "; ".join(parts)
+
+
+# --- footprints over a whole program ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Family:
+    """HBM bytes a program touches: ``[addr + stride·i, addr + stride·i + size)`` for ``i`` in ``[0, count)``."""
+
+    addr: int
+    stride: int
+    size: int
+    count: int
+
+    @property
+    def hull(self) -> tuple[int, int]:
+        last = self.addr + self.stride * (self.count - 1)
+        return min(self.addr, last), max(self.addr, last) + self.size
+
+    def intervals(self) -> np.ndarray:
+        lo = self.addr + self.stride * np.arange(self.count, dtype=np.int64)
+        return np.stack([lo, lo + self.size], axis=1)
+
+
+def _hbm_uses(prog: Program) -> tuple[list[Family], list[Family]]:
+    """Every HBM range ``prog`` reads and writes, a loop's moving slices as families (not one per iteration)."""
+    reads: list[Family] = []
+    writes: list[Family] = []
+
+    def add(h: Handle, out: list[Family], n: int) -> None:
+        if h.space is not Space.HBM or not h.nbytes:
+            return
+        if isinstance(h, LoopHandle):
+            if h.kind == "rows":
+                out.append(Family(h.addr, h.stride, h.nbytes, n))
+                return
+            for i in range(n):  # anything else moving: each iteration (rare in HBM)
+                c = h.at(i)
+                out.append(Family(c.addr, 0, c.nbytes, 1))
+            return
+        out.append(Family(h.addr, 0, h.nbytes, 1))
+
+    for seg in prog.trace.segments:
+        cmds, n = (seg.commands, 1) if isinstance(seg, Plain) else (seg.body, seg.iterations)
+        for cmd in cmds:
+            r, w = _handles(cmd)
+            for h in r:
+                add(h, reads, n)
+            for h in w:
+                add(h, writes, n)
+    return reads, writes
+
+
+def _families_meet(a: Family, b: Family) -> bool:
+    (alo, ahi), (blo, bhi) = a.hull, b.hull
+    if ahi <= blo or bhi <= alo:
+        return False
+    if a.count == 1 and b.count == 1:
+        return True
+    small, big = (a, b) if a.count <= b.count else (b, a)
+    x = small.intervals()
+    if big.stride == 0:
+        return bool(((x[:, 0] < big.addr + big.size) & (big.addr < x[:, 1])).any())
+    s = big.stride
+    if s < 0:  # walk it the other way round
+        big = Family(big.addr + s * (big.count - 1), -s, big.size, big.count)
+        s = -s
+    # the big family's intervals meeting [x0, x1): j with addr + s·j < x1 and x0 < addr + s·j + size
+    j_lo = np.maximum(0, np.floor_divide(x[:, 0] - big.addr - big.size, s) + 1)
+    j_hi = np.minimum(big.count - 1, np.floor_divide(x[:, 1] - big.addr - 1, s))
+    return bool((j_lo <= j_hi).any())
+
+
+def check_isolation(programs: dict[int, Sequence[Program]], tensors: Sequence[Handle]) -> None:
+    """Refuse any HBM range one PE writes and another PE reads or writes (DESIGN.md §14).
+
+    Raises:
+        ValidationError: naming both PEs and the tensor.
+    """
+    uses = {}
+    for pe, progs in programs.items():
+        r: list[Family] = []
+        w: list[Family] = []
+        for prog in progs:
+            pr, pw = _hbm_uses(prog)
+            r += pr
+            w += pw
+        uses[pe] = (r, w)
+    order = sorted(uses)
+    by_addr = sorted(tensors, key=lambda h: h.addr)
+    for x, pa in enumerate(order):
+        ra, wa = uses[pa]
+        for pb in order[x + 1:]:
+            rb, wb = uses[pb]
+            # a's writes against b's reads and writes, then b's writes against a's reads
+            for writer, w_fams, other, verb, o_fams in ((pa, wa, pb, "reads", rb), (pa, wa, pb, "writes", wb),
+                                                        (pb, wb, pa, "reads", ra)):
+                for fw in w_fams:
+                    for fo in o_fams:
+                        if _families_meet(fw, fo):
+                            name = _tensor_at(by_addr, max(fw.hull[0], fo.hull[0]))
+                            raise ValidationError(
+                                f"device run: PE {writer} writes tensor {name!r} and PE {other} {verb} the same "
+                                f"bytes; PEs share bandwidth, never data (DESIGN.md §14). Give each PE its own "
+                                f"tensors (or its own rows of one), or run both launches on one PE.")
+
+
+def _tensor_at(tensors: Sequence[Handle], addr: int) -> str:
+    for h in tensors:
+        if h.addr <= addr < h.end:
+            return h.name
+    return f"<HBM byte {addr}>"
+
+
+# --- groups ----------------------------------------------------------------------------------------------------
+def channels_of(prog: Program) -> set[int]:
+    """The HBM channels ``prog``'s transfers move bytes on (those of its DMA'd HBM handles)."""
+    out: set[int] = set()
+    for seg in prog.trace.segments:
+        for cmd in (seg.commands if isinstance(seg, Plain) else seg.body):
+            if isinstance(cmd, DmaCmd):
+                hbm = cmd.src if cmd.src.space is Space.HBM else cmd.dst
+                out.add(hbm.channel)
+                continue
+            for op in cmd.ops:
+                for h in list(op.operands.values()) + ([op.out] if op.out is not None else []):
+                    if h.space is Space.HBM:
+                        out.add(h.channel)
+    return out
+
+
+def contended_channels(programs: dict[int, Sequence[Program]], topo) -> dict[int, int]:
+    """Channel -> the number of DMA units that may move bytes on it, for every channel where they can slow
+    one another (:func:`kbwork.device.flows.contended`)."""
+    rate = topo.channel_fraction
+    return {c: k for c, k in _channel_users(programs, topo).items() if contended(rate, topo.dma_bytes_per_cycle, k)}
+
+
+def _channel_users(programs: dict[int, Sequence[Program]], topo) -> dict[int, int]:
+    """Channel -> DMA units that may move bytes on it (every DMA unit of every PE using it), ascending."""
+    users: dict[int, int] = {}
+    for pe in sorted(programs):
+        progs = programs[pe]
+        chans = set().union(*(channels_of(p) for p in progs)) if progs else set()
+        for c in chans:
+            users[c] = users.get(c, 0) + topo.dma_channels
+    return dict(sorted(users.items()))
+
+
+def groups(programs: dict[int, Sequence[Program]], shared: dict[int, int]) -> list[list[int]]:
+    """The PEs in groups linked by the contended channels they use, each group ascending, groups by first PE."""
+    parent = {pe: pe for pe in programs}
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+    owner: dict[int, int] = {}
+    for pe in sorted(programs):
+        for c in sorted(set().union(*(channels_of(p) for p in programs[pe])) & set(shared)):
+            if c in owner:
+                a, b = find(owner[c]), find(pe)
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
+            else:
+                owner[c] = pe
+    out: dict[int, list[int]] = {}
+    for pe in sorted(programs):
+        out.setdefault(find(pe), []).append(pe)
+    return [out[k] for k in sorted(out)]
+
+
+def group_key(group: Sequence[int], programs: dict[int, Sequence[Program]], tensors: Sequence[Handle],
+              shared: dict[int, int]) -> tuple[tuple | None, tuple[str, ...]]:
+    """What decides a group's records, with every HBM tensor and channel named relative to the group (the order
+    it first meets them): two groups with equal keys evolve identically. Returns the key (None when a program
+    holds something the key cannot describe: the group is then simulated) and the group's HBM tensors' names in
+    that order (what a replica renames)."""
+    by_addr = sorted(tensors, key=lambda h: h.addr)
+    starts = [h.addr for h in by_addr]
+    undescribable = []
+    tensor_ids: dict[int, int] = {}
+    tensor_names: list[str] = []
+    channel_ids: dict[int, int] = {}
+    import bisect
+
+    def hkey(h: Any) -> Any:
+        if not isinstance(h, Handle):
+            undescribable.append(h)
+            return ("?",)
+        if h.space is Space.TCM:
+            base = (0, h.addr, h.shape, h.dtype, h.pinned, h.name)
+        else:
+            i = bisect.bisect_right(starts, h.addr) - 1
+            if i < 0 or not (by_addr[i].addr <= h.addr < by_addr[i].end or h.nbytes == 0):
+                undescribable.append(h)  # HBM bytes outside every tensor: no relative address to give
+                return ("?",)
+            t = by_addr[i]
+            tid = tensor_ids.get(t.addr)
+            if tid is None:
+                tid = tensor_ids[t.addr] = len(tensor_ids)
+                tensor_names.append(t.name)
+            cid = channel_ids.setdefault(h.channel, len(channel_ids))
+            base = (1, tid, h.addr - t.addr, h.shape, h.dtype, h.pinned, cid, h.channel in shared,
+                    h.name[len(t.name):] if h.name.startswith(t.name) else None)
+        if isinstance(h, LoopHandle):
+            return base + (h.kind, h.stride, None if h.slot is None else (h.slot.a, h.slot.b),
+                           tuple(x.addr for x in h.slots), len(h.chain))
+        return base
+
+    def ckey(cmd: Any) -> tuple:
+        it = cmd.iter
+        it = (it.a, it.b) if isinstance(it, Index) else it
+        if isinstance(cmd, DmaCmd):
+            return ("dma", hkey(cmd.src), hkey(cmd.dst), cmd.label, it, cmd.auto_label)
+        return ("cmd", tuple((op.signature, tuple((n, hkey(h)) for n, h in op.operands.items()),
+                              hkey(op.out) if op.out is not None else None) for op in cmd.ops),
+                tuple(hkey(h) for h in cmd.rw_handles), tuple(hkey(h) for h in cmd.scratch), cmd.label, it)
+
+    key = []
+    for pe in group:
+        for prog in programs[pe]:
+            tr = prog.trace
+            for seg in tr.segments:
+                if isinstance(seg, Plain):
+                    key.append(("plain", tuple(ckey(c) for c in seg.commands)))
+                else:
+                    key.append(("loop", seg.iterations, seg.period, tuple(ckey(c) for c in seg.body),
+                                tuple((x.a, x.b) if isinstance(x, Index) else x for x in seg.iters), seg.waits))
+            key.append(("waits", tuple(tr.waits)))
+        key.append(("pe-end",))
+    return (None if undescribable else tuple(key)), tuple(tensor_names)
+
+
+def flow_channels(shared: dict[int, int], topo) -> dict[int, FlowChannel]:
+    """A :class:`FlowChannel` for every contended channel."""
+    rate = topo.channel_fraction
+    return {c: FlowChannel(c, rate, topo.dma_bytes_per_cycle, k) for c, k in shared.items()}
+
+
+# --- replicas -------------------------------------------------------------------------------------------------
+def rename_tensor(name: str, rename: dict[str, str]) -> str:
+    """``name`` (an op_log ``tensor``: ``K[0:128]``, ``a|b``) with every HBM tensor in it renamed by ``rename``."""
+    if not name:
+        return name
+    parts = name.split("|")
+    for i, part in enumerate(parts):
+        base = part.split("[", 1)[0]
+        if base in rename:
+            parts[i] = rename[base] + part[len(base):]
+    return "|".join(parts)
+
+
+def _commands(progs: Sequence[Program]) -> Sequence:
+    from .steady import _Concat
+
+    return progs[0].trace.commands if len(progs) == 1 else _Concat([p.trace.commands for p in progs])
+
+
+class _RenamedTable:
+    """A stage table as another PE's replica reads it: every column shared, ``tensor`` with its own names."""
+
+    def __init__(self, table: Any, rename: dict[str, str]):
+        self._t, self._rename = table, rename
+        self._tensor: pd.Categorical | None = None
+
+    def __len__(self) -> int:
+        return len(self._t)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._t, name)
+
+    def __repr__(self) -> str:
+        return f"{self._t!r} (a replica)"
+
+    @property
+    def tensor(self) -> pd.Categorical:
+        if self._tensor is None:
+            col = pd.Categorical(self._t.tensor)
+            cats = [rename_tensor(str(c), self._rename) for c in col.categories]
+            # renaming keeps distinct names distinct (tensors map one to one), but may reorder them
+            self._tensor = pd.Categorical(np.asarray(cats, dtype=object)[col.codes] if len(col) else [])
+        return self._tensor
+
+    def column(self, name: str) -> Any:
+        return self.tensor if name == "tensor" else self._t.column(name)
+
+
+class Replica:
+    """The schedule of a PE whose group was replicated from an identical one (DESIGN.md §14): the simulated PE's
+    records, with this PE's own commands and tensor names."""
+
+    def __init__(self, sched: Any, rename: dict[str, str], commands: Sequence):
+        self._s = sched
+        self.table = _RenamedTable(sched.table, rename)
+        self.commands = commands
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._s, name)
+
+    def __repr__(self) -> str:
+        return f"{self._s!r} (a replica)"
+
+
+# --- simulating a device -----------------------------------------------------------------------------------------
+def simulate_device(programs: dict[int, list[Program]], topo, tensors: Sequence[Handle],
+                    memories: dict[int, list[Any]] | None = None, *, steady_state: bool = True,
+                    why_full: str = "steady_state=False", reduce: bool = True) -> tuple[dict[int, tuple], Reductions]:
+    """Simulate every PE's launches (DESIGN.md §14): isolation checked first, then each group of PEs linked by a
+    contended channel in one event loop, a group equal to an earlier one replicated from it.
+
+    Args:
+        programs: PE -> its launches' programs, in the order they run.
+        topo: the device's topology.
+        tensors: every HBM tensor of the simulator (to name them in errors and to compare groups).
+        memories: data mode: PE -> each launch's ``LaunchMemory``.
+        steady_state: timing mode: insert the remaining periods of loops once proven (DESIGN.md §12).
+        reduce: False: no groups and no replication; every PE in one event loop, a flow on every channel of
+            finite bandwidth (contended or not). The plain simulation every reduction must reproduce.
+
+    Returns:
+        PE -> ``(timeline, schedule, steady state)``, and the :class:`Reductions` used.
+
+    Raises:
+        ValidationError: a PE writes bytes another PE reads or writes.
+    """
+    from .steady import simulate_group, simulate_pe
+
+    check_isolation(programs, tensors)
+    shared = contended_channels(programs, topo)
+    grouped = groups(programs, shared)
+    if not reduce:
+        if topo.channel_fraction is not None:
+            shared = {c: k for c, k in _channel_users(programs, topo).items()}
+        grouped = [sorted(programs)]
+    red = Reductions(pes=len(programs), groups=len(grouped), simulated=0, contended_channels=tuple(shared))
+    out: dict[int, tuple] = {}
+    seen: dict[tuple, tuple[list[int], tuple[str, ...]]] = {}
+    for group in grouped:
+        key, names = (None, ()) if memories is not None or not reduce else \
+            group_key(group, programs, tensors, shared)
+        if key is not None and key in seen:  # an identical group: its records are the earlier one's
+            src_group, src_names = seen[key]
+            rename = dict(zip(src_names, names))
+            for pe, src in zip(group, src_group):
+                tl, sched, state = out[src]
+                out[pe] = (tl, Replica(sched, rename, _commands(programs[pe])), state)
+                red.replicated_from[pe] = src
+            continue
+        red.simulated += 1
+        mine = {c: k for c, k in shared.items()
+                if any(c in channels_of(p) for pe in group for p in programs[pe])}
+        if len(group) == 1 and not mine:  # alone on its channels: every transfer's duration is known when it starts
+            pe = group[0]
+            out[pe] = simulate_pe(programs[pe], None if memories is None else memories[pe],
+                                  steady_state=steady_state, why_full=why_full)
+        else:
+            results = simulate_group([programs[pe] for pe in group],
+                                     None if memories is None else [memories[pe] for pe in group],
+                                     flow_channels(mine, topo), steady_state=steady_state, why_full=why_full)
+            out.update(zip(group, results))
+        if key is not None:
+            seen[key] = (group, names)
+    return out, red

@@ -1,0 +1,227 @@
+"""The device (DESIGN §14): launches, placement, isolation, the flow rule by hand and against the cycle-stepped
+reference, and the exact reductions against the plain simulation."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import kbwork
+from kbwork import Launch, ValidationError
+from kbwork.kernels.gqa_decode import gqa_decode
+
+from device_cases import random_device_case, resolved_device_graph  # tests/ is on sys.path
+from reference_device import simulate as reference
+
+#: dispatch and plan cost nothing, so a load's DMA stage starts at its launch's start
+FREE_FRONT = dict(fixed_cycles=0, r_cycles_per_byte=0, plan_base_cycles=0, plan_cycles_per_op=0)
+
+
+def load(tl, x):
+    tl.load(x, name="x")
+
+
+def busy(tl, n):
+    """A MATH stage of 8 + n cycles (a fill of 64·n fp32 elements) and nothing else."""
+    tl.full((n, 64), 0.0, "fp32", name="z")
+
+
+def dma_stage(run, pe):
+    log = run.op_log
+    row = log[(log.pe == pe) & (log.stage == "DMA_READ")]
+    assert len(row) == 1
+    return int(row.start.iloc[0]), int(row.end.iloc[0])
+
+
+def two_loads(channel_bytes_per_cycle, *, stagger=0, channels=(0, 0), nbytes=4096, **over):
+    sim = kbwork.Simulator(mode="timing", pes=2, hbm_channels=2, channel_bytes_per_cycle=channel_bytes_per_cycle,
+                           **FREE_FRONT, **over)
+    xs = [sim.hbm(f"x{p}", shape=(nbytes // 4,), dtype="fp32", channel=channels[p]) for p in range(2)]
+    plan = {0: [Launch(load, xs[0])], 1: [Launch(load, xs[1])]}
+    if stagger:
+        plan[1].insert(0, Launch(busy, stagger - 8))
+    return sim.run_device(plan)
+
+
+# --- the flow rule by hand ---------------------------------------------------------------------------------------
+def test_two_pes_on_one_channel_together_each_get_half():
+    run = two_loads(40)
+    # both join at 200 and advance 20 B/cycle: 4096 / 20 = 204.8 -> 205 cycles
+    assert dma_stage(run, 0) == (0, 405) and dma_stage(run, 1) == (0, 405)
+    assert run.cycles == 405
+
+
+def test_alone_on_a_finite_channel_is_base_plus_ceil_at_the_channel_rate():
+    run = two_loads(40, channels=(0, 1))
+    assert dma_stage(run, 0) == (0, 200 + math.ceil(4096 / 40)) == dma_stage(run, 1)
+    assert run.reductions.contended_channels == ()
+
+
+def test_staggered_transfers_share_only_while_both_move():
+    run = two_loads(40, stagger=100)
+    # PE 0 alone 200..300 (4000 B), then both at 20 B/cycle: its last 96 B take 5 cycles -> 305.
+    # PE 1 joins at 300, moves 100 B by 305, then 3996 B alone at 40 B/cycle: 100 cycles -> 405.
+    assert dma_stage(run, 0) == (0, 305)
+    assert dma_stage(run, 1) == (100, 405)
+
+
+def test_a_wide_channel_never_slows_anyone():
+    run = two_loads(128)     # 128 / 2 = 64 = the DMA rate: two flows never slow each other
+    assert dma_stage(run, 0) == (0, 200 + 4096 // 64) == dma_stage(run, 1)
+    assert run.reductions.contended_channels == ()
+    assert two_loads(math.inf).cycles == 264
+
+
+def test_a_fractional_channel_rate_is_taken_as_written():
+    run = two_loads(40.5)
+    # each gets 81/4 B/cycle: 4096 / (81/4) = 202.27 -> 203 cycles
+    assert dma_stage(run, 0) == (0, 200 + 203)
+
+
+def test_one_pe_s_dma_units_share_its_channel_like_pes_do():
+    sim = kbwork.Simulator(mode="timing", channel_bytes_per_cycle=40, dma_channels=2, **FREE_FRONT)
+    xs = [sim.hbm(f"x{i}", shape=(1024,), dtype="fp32") for i in range(2)]
+
+    def two(tl, a, b):
+        tl.load(a, name="a")
+        tl.load(b, name="b")
+    log = sim.run(two, *xs).op_log
+    dma = log[log.stage == "DMA_READ"]
+    assert list(dma.start) == [0, 0] and list(dma.end) == [405, 405]
+
+
+# --- launches, the op_log, the critical path ---------------------------------------------------------------------
+def decode_inputs(sim, pe, kv=512, channel=0, tag=""):
+    q = sim.hbm(f"q{pe}{tag}", shape=(4, 64), dtype="bf16", channel=channel)
+    K = sim.hbm(f"K{pe}{tag}", shape=(kv, 64), dtype="bf16", channel=channel)
+    V = sim.hbm(f"V{pe}{tag}", shape=(kv, 64), dtype="bf16", channel=channel)
+    O = sim.hbm(f"O{pe}{tag}", shape=(4, 64), dtype="fp32", channel=channel)
+    return q, K, V, O
+
+
+def test_launches_run_back_to_back_with_fresh_state_and_one_numbering():
+    sim = kbwork.Simulator(mode="timing", pes=2, hbm_channels=2)
+    a, b = decode_inputs(sim, 0), decode_inputs(sim, 0, tag="b")
+    one = sim.run(gqa_decode, *a, variant="opt2", tile=128)
+    run = sim.run_device({0: [Launch(gqa_decode, *a, variant="opt2", tile=128),
+                              Launch(gqa_decode, *b, variant="opt3", tile=128)],
+                          1: [Launch(gqa_decode, *decode_inputs(sim, 1, channel=1), variant="opt2", tile=128)]})
+    log = run.op_log
+    assert list(log.seq) == list(range(len(log)))
+    p0 = log[log.pe == 0]
+    n0 = len(one.op_log)
+    first = p0.iloc[n0]                       # launch 1's first stage: its first DISPATCH
+    assert first.stage == "DISPATCH" and first.cmd == one.op_log.cmd.max() + 1
+    assert first.ready == first.start == one.cycles    # ready when launch 0's last stage ended
+    assert set(p0.iloc[n0:].iter) == set(one.op_log.iter)     # iter is each launch's own
+    assert run.pe(1).cycles == one.cycles                     # alone on its channel: PE 1 is a plain run
+    assert run.cycles == int(log.end.max()) == run.pe(0).cycles
+    cp = run.critical_path()
+    assert set(cp.pe) == {0} and "launch" in set(cp.cause)
+    assert cp.start.iloc[0] == 0 and cp.end.iloc[-1] == run.cycles
+
+
+def test_a_device_run_is_deterministic_and_its_csv_has_the_pe_column():
+    case = random_device_case(3)
+    a = case.sim.run_device(case.plan).to_csv()
+    b = case.sim.run_device(case.plan).to_csv()
+    assert a == b and a.startswith("seq,pe,cmd,iter,")
+
+
+# --- isolation ---------------------------------------------------------------------------------------------------
+def copy_rows(tl, src, dst):
+    t = tl.load(src, name="t")
+    tl.store(t, dst)
+
+
+def test_a_pe_writing_what_another_pe_reads_is_refused_naming_both_and_the_tensor():
+    sim = kbwork.Simulator(mode="timing", pes=2)
+    a = sim.hbm("a", shape=(64, 64), dtype="fp32")
+    shared = sim.hbm("shared", shape=(64, 64), dtype="fp32")
+    b = sim.hbm("b", shape=(32, 64), dtype="fp32")
+    with pytest.raises(ValidationError, match=r"PE 0 writes tensor 'shared' and PE 1 reads"):
+        sim.run_device({0: [Launch(copy_rows, a, shared)], 1: [Launch(copy_rows, shared, a[0:64])]})
+    with pytest.raises(ValidationError, match=r"PE 1 writes tensor 'a' and PE 0 reads"):
+        sim.run_device({0: [Launch(copy_rows, a, shared)], 1: [Launch(copy_rows, b, a[32:64])]})
+    with pytest.raises(ValidationError, match=r"PE 0 writes tensor 'shared' and PE 1 writes"):
+        sim.run_device({0: [Launch(copy_rows, a, shared)], 1: [Launch(copy_rows, b, shared[16:48])]})
+
+
+def test_pes_may_share_read_only_tensors_and_write_their_own_rows_of_one():
+    sim = kbwork.Simulator(mode="data", pes=2)
+    src = sim.hbm("src", np.arange(64 * 64, dtype=np.float32).reshape(64, 64), dtype="fp32")
+    out = sim.hbm("out", shape=(64, 64), dtype="fp32")
+    run = sim.run_device({0: [Launch(copy_rows, src[0:32], out[0:32])],
+                          1: [Launch(copy_rows, src[32:64], out[32:64])]})
+    assert np.array_equal(run.read(out), run.read(src))
+
+
+def test_isolation_sees_a_loop_s_moving_rows():
+    sim = kbwork.Simulator(mode="timing", pes=2)
+    from device_cases import stream_kernel
+    src = sim.hbm("src", shape=(256, 32), dtype="fp32")
+    dst = sim.hbm("dst", shape=(256, 32), dtype="fp32")
+    other = sim.hbm("other", shape=(16, 32), dtype="fp32")
+    # PE 0 streams src -> dst (rows 0..255 of dst, 16 at a time); PE 1 reads dst's rows 240..255
+    with pytest.raises(ValidationError, match=r"PE 0 writes tensor 'dst' and PE 1 reads"):
+        sim.run_device({0: [Launch(stream_kernel, src, dst, tile=16, op="copy")],
+                        1: [Launch(copy_rows, dst[240:256], other)]})
+    sim.run_device({0: [Launch(stream_kernel, src[0:240], dst[0:240], tile=16, op="copy")],
+                    1: [Launch(copy_rows, src[240:256], dst[240:256])]})
+
+
+@pytest.mark.parametrize("launches,match", [
+    ([1, 2], r"expects a mapping PE -> \[Launch"),
+    ({}, r"no launches"),
+    ({2: []}, r"PE 2 is not a PE of"),
+    ({0: []}, r"PE 0 must map to a non-empty list of Launch"),
+    ({0: ["k"]}, r"PE 0 must map to a non-empty list of Launch"),
+    ({True: []}, r"PE True is not a PE"),
+])
+def test_bad_launches_are_refused_before_anything_runs(launches, match):
+    sim = kbwork.Simulator(mode="timing", pes=2)
+    with pytest.raises(ValidationError, match=match):
+        sim.run_device(launches)
+
+
+def test_bad_channels_and_switches_are_refused():
+    sim = kbwork.Simulator(mode="timing", pes=4, hbm_channels=2)
+    with pytest.raises(kbwork.KbworkError, match=r"channel"):
+        sim.hbm("x", shape=(4,), dtype="fp32", channel=2)
+    with pytest.raises(ValidationError, match=r"reductions must be True or False"):
+        sim.run_device({0: [Launch(busy, 1)]}, reductions="no")
+    with pytest.raises(kbwork.ConfigError, match=r"multiple of hbm_channels"):
+        kbwork.load_topology(pes=3, hbm_channels=2)
+
+
+# --- the reductions and the reference ----------------------------------------------------------------------------
+def test_identical_groups_are_simulated_once_and_keep_their_own_names():
+    sim = kbwork.Simulator(mode="timing", pes=4, hbm_channels=4, channel_bytes_per_cycle=40)
+    plan = {p: [Launch(gqa_decode, *decode_inputs(sim, p, channel=p), variant="opt2", tile=128)] for p in range(4)}
+    run = sim.run_device(plan)
+    assert (run.reductions.groups, run.reductions.simulated) == (4, 1)
+    assert run.reductions.replicated_from == {1: 0, 2: 0, 3: 0}
+    plain = sim.run_device(plan, reductions=False)
+    assert run.to_csv() == plain.to_csv()
+    assert set(run.pe(3).op_log.tensor) >= {"K3[0:128]", "q3"} and not any("K0" in t for t in run.pe(3).op_log.tensor)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_random_device_runs_match_the_cycle_stepped_reference_stage_for_stage(seed):
+    case = random_device_case(seed)
+    g, start, end, _ = resolved_device_graph(case.sim, case.plan)
+    ref = reference(g)
+    assert ref.start == start and ref.end == end, case
+    log = case.sim.run_device(case.plan, reductions=False, steady_state=False).op_log
+    assert list(log.start) == start and list(log.end) == end, case
+
+
+@pytest.mark.parametrize("chunk", range(4))
+def test_reductions_and_the_steady_state_give_the_plain_simulation_s_op_log(chunk):
+    for seed in range(100 + 10 * chunk, 110 + 10 * chunk):
+        case = random_device_case(seed)
+        plain = case.sim.run_device(case.plan, reductions=False, steady_state=False).to_csv()
+        assert case.sim.run_device(case.plan).to_csv() == plain, case
+        assert case.sim.run_device(case.plan, steady_state=False).to_csv() == plain, case
