@@ -488,6 +488,27 @@ class Run:
         return len(self.program.table)
 
     @property
+    def stage_channels(self) -> np.ndarray:
+        """The HBM channel each stage moves bytes on, aligned with the op_log's rows (-1 for a stage that is not
+        a DMA of an HBM tensor)."""
+        return np.asarray(self.program.table.chan, dtype=np.int64)
+
+    @property
+    def pes(self) -> list[int]:
+        """The PEs that ran something: this run's one."""
+        return [max(self.pe_index, 0)]
+
+    def pe(self, p: int) -> "Run":
+        """PE ``p``'s run: this one, for the PE it ran on.
+
+        Raises:
+            ValidationError: ``p`` is not that PE.
+        """
+        if p != max(self.pe_index, 0):
+            raise ValidationError(f"PE {p} ran nothing in this run; it ran PE {max(self.pe_index, 0)}.")
+        return self
+
+    @property
     def op_log(self) -> pd.DataFrame:
         if self._op_log is None:
             t0 = perf_counter()
@@ -687,6 +708,11 @@ class DeviceRun(Run):
     @property
     def n_stages(self) -> int:
         return sum(r.n_stages for r in self.runs.values())
+
+    @property
+    def stage_channels(self) -> np.ndarray:
+        """Every PE's :attr:`Run.stage_channels`, PE after PE (aligned with the device op_log)."""
+        return np.concatenate([r.stage_channels for r in self.runs.values()])
 
     @property
     def op_log(self) -> pd.DataFrame:

@@ -211,6 +211,7 @@ class ExpandedTable:
     k_tile = cached_property(lambda self: self._col("k_tile"))
     nbytes = cached_property(lambda self: self._col("nbytes"))
     dur = cached_property(lambda self: self._col("dur"))
+    chan = cached_property(lambda self: self._col("chan"))
 
     @cached_property
     def op_kind(self) -> pd.Categorical:
