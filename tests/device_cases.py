@@ -89,8 +89,9 @@ class Case:
         return f"Case(seed={self.seed}, {self.overrides}, {'; '.join(self.notes)})"
 
 
-def random_device_case(seed: int, *, mode: str = "timing", max_pes: int = 4) -> Case:
-    """A seeded random device run (module docstring)."""
+def random_device_case(seed: int, *, mode: str = "timing", max_pes: int = 4, long: bool = False) -> Case:
+    """A seeded random device run (module docstring); ``long``: loops long enough for the steady state to
+    engage (too long for the cycle-stepped reference)."""
     rng = random.Random(seed)
     pes = rng.randint(2, max_pes)
     chans = rng.choice([d for d in range(1, pes + 1) if pes % d == 0])
@@ -114,7 +115,7 @@ def random_device_case(seed: int, *, mode: str = "timing", max_pes: int = 4) -> 
             family = rng.choice(["stream", "stream", "decode", "straight"])
             if family == "stream":
                 tile = rng.choice([8, 16, 32])
-                n = rng.randint(1, 12)
+                n = rng.randint(20, 60) if long else rng.randint(1, 12)
                 cols = rng.choice([32, 64])
                 src = sim.hbm(f"{name}_src", nprng.standard_normal((n * tile, cols)).astype(np.float32),
                               dtype=rng.choice(["bf16", "fp32"]), channel=ch())
@@ -123,7 +124,7 @@ def random_device_case(seed: int, *, mode: str = "timing", max_pes: int = 4) -> 
                                        waits=rng.random() < 0.4))
                 case.notes.append(f"PE {pe}: stream {n}x{tile}")
             elif family == "decode":
-                kv = rng.choice([128, 256, 512])
+                kv = rng.choice([2048, 4096]) if long else rng.choice([128, 256, 512])
                 d = rng.choice([64, 128])
                 g = rng.choice([1, 4, 8])
                 q = sim.hbm(f"{name}_q", nprng.standard_normal((g, d)).astype(np.float32), dtype="bf16", channel=ch())

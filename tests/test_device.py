@@ -225,3 +225,33 @@ def test_reductions_and_the_steady_state_give_the_plain_simulation_s_op_log(chun
         plain = case.sim.run_device(case.plan, reductions=False, steady_state=False).to_csv()
         assert case.sim.run_device(case.plan).to_csv() == plain, case
         assert case.sim.run_device(case.plan, steady_state=False).to_csv() == plain, case
+
+
+@pytest.mark.parametrize("chunk", range(3))
+def test_the_device_steady_state_gives_the_plain_simulation_s_op_log(chunk):
+    """Loops long enough for the steady state: PEs per channel 1-4, channels 1-4, mixed launch lists, both
+    hazard policies, every variant; each run equal to the plain simulation, and the joint steady state used."""
+    joint = 0
+    for seed in range(200 + 8 * chunk, 208 + 8 * chunk):
+        case = random_device_case(seed, long=True)
+        plain = case.sim.run_device(case.plan, reductions=False, steady_state=False)
+        run = case.sim.run_device(case.plan)
+        assert run.to_csv() == plain.to_csv(), case
+        assert run.cycles == plain.cycles and run.critical_path().equals(plain.critical_path()), case
+        joint += any("steady with the device" in line for line in run.steady_state.loops)
+    assert joint >= 3, f"only {joint} of 8 runs used the joint steady state"
+
+
+def test_four_pes_on_one_channel_are_steady_jointly_and_equal_the_full_run():
+    sim = kbwork.Simulator(mode="timing", pes=4, hbm_channels=1, channel_bytes_per_cycle=64)
+    plan = {p: [Launch(gqa_decode, *decode_inputs(sim, p, kv=4096, channel=0), variant="opt2", tile=128)]
+            for p in range(4)}
+    run = sim.run_device(plan)
+    full = sim.run_device(plan, steady_state=False, reductions=False)
+    assert run.steady_state.path == "steady" and run.steady_state.inserted > 0
+    assert all("steady with the device" in line for line in run.steady_state.loops)
+    assert run.to_csv() == full.to_csv()
+    # four transfers share 64 B/cycle: the device takes longer than one PE alone, and no less than its bytes
+    one = sim.run(gqa_decode, *decode_inputs(sim, 9, kv=4096), variant="opt2", tile=128)
+    kv_bytes = 4 * 2 * 4096 * 64 * 2
+    assert run.cycles > one.cycles and run.cycles >= kv_bytes / 64

@@ -127,35 +127,42 @@ def _families_meet(a: Family, b: Family) -> bool:
 def check_isolation(programs: dict[int, Sequence[Program]], tensors: Sequence[Handle]) -> None:
     """Refuse any HBM range one PE writes and another PE reads or writes (DESIGN.md §14).
 
+    A sweep over the families' address hulls, so only families whose hulls overlap are compared exactly:
+    PEs on tensors of their own cost one sort.
+
     Raises:
-        ValidationError: naming both PEs and the tensor.
+        ValidationError: naming both PEs and the tensor (of the lowest pair of PEs in conflict).
     """
-    uses = {}
-    for pe, progs in programs.items():
-        r: list[Family] = []
-        w: list[Family] = []
-        for prog in progs:
-            pr, pw = _hbm_uses(prog)
-            r += pr
-            w += pw
-        uses[pe] = (r, w)
-    order = sorted(uses)
-    by_addr = sorted(tensors, key=lambda h: h.addr)
-    for x, pa in enumerate(order):
-        ra, wa = uses[pa]
-        for pb in order[x + 1:]:
-            rb, wb = uses[pb]
-            # a's writes against b's reads and writes, then b's writes against a's reads
-            for writer, w_fams, other, verb, o_fams in ((pa, wa, pb, "reads", rb), (pa, wa, pb, "writes", wb),
-                                                        (pb, wb, pa, "reads", ra)):
-                for fw in w_fams:
-                    for fo in o_fams:
-                        if _families_meet(fw, fo):
-                            name = _tensor_at(by_addr, max(fw.hull[0], fo.hull[0]))
-                            raise ValidationError(
-                                f"device run: PE {writer} writes tensor {name!r} and PE {other} {verb} the same "
-                                f"bytes; PEs share bandwidth, never data (DESIGN.md §14). Give each PE its own "
-                                f"tensors (or its own rows of one), or run both launches on one PE.")
+    items = []  # (hull lo, hull hi, pe, written, family)
+    for pe in sorted(programs):
+        for prog in programs[pe]:
+            reads, writes = _hbm_uses(prog)
+            items += [(*f.hull, pe, False, f) for f in reads]
+            items += [(*f.hull, pe, True, f) for f in writes]
+    items.sort(key=lambda x: (x[0], x[1], x[2], x[3]))
+    active_r: list[tuple] = []
+    active_w: list[tuple] = []
+    found: list[tuple] = []
+    for it in items:
+        lo = it[0]
+        active_r = [a for a in active_r if a[1] > lo]
+        active_w = [a for a in active_w if a[1] > lo]
+        for other in (active_w + active_r if it[3] else active_w):
+            if other[2] != it[2] and _families_meet(other[4], it[4]):
+                w, o = (it, other) if it[3] else (other, it)
+                if o[3] and o[2] < w[2]:
+                    w, o = o, w  # both write: the lower PE is named the writer
+                # the lowest pair of PEs first; then the lower PE writing; then a read before a write
+                found.append(((min(w[2], o[2]), max(w[2], o[2]), w[2] > o[2], o[3], w[0], o[0]), w, o))
+        (active_w if it[3] else active_r).append(it)
+    if found:
+        _, w, o = min(found, key=lambda x: x[0])
+        name = _tensor_at(sorted(tensors, key=lambda h: h.addr), max(w[4].hull[0], o[4].hull[0]))
+        verb = "writes" if o[3] else "reads"
+        raise ValidationError(
+            f"device run: PE {w[2]} writes tensor {name!r} and PE {o[2]} {verb} the same bytes; PEs share "
+            f"bandwidth, never data (DESIGN.md §14). Give each PE its own tensors (or its own rows of one), or "
+            f"run both launches on one PE.")
 
 
 def _tensor_at(tensors: Sequence[Handle], addr: int) -> str:

@@ -130,7 +130,7 @@ class PeState:
     release_at: dict[int, int] = field(default_factory=dict)
     hits: list[list[int]] = field(default_factory=list)
     waited: list[tuple[int, int]] = field(default_factory=list)
-    #: commands whose footprints a steady-state jump moved on: their own (reads, writes)
+    #: commands whose footprints a steady-state jump moved on: their own (reads, writes) and the iterations moved
     moved: dict[int, tuple] = field(default_factory=dict)
     # --- the PE on the device ---------------------------------------------------------------------------------
     pe: int = 0

@@ -212,6 +212,21 @@ def shift_invariant(prog: Program, loop: Loop) -> str | None:
     return None
 
 
+def jump(pe: PeState, ins: Insertion) -> None:
+    """Move ``pe`` past ``ins.k`` periods: the cursor skips them, and the commands still in flight take the
+    footprints they would have ``k`` periods on (the hazards they meet from now on are those)."""
+    loop, skip = ins.loop, ins.k * ins.p
+    pe.cursor.skip(loop, skip)
+    ctab = pe.ctab
+    for x in range(pe.first_incomplete, pe.n_lowered):
+        if ctab.loop[x] is loop and not pe.completed[x]:
+            bc = pe.cursor.program.body_command(loop, ctab.body[x])
+            r, w, before = pe.moved.get(x, (ctab.reads[x], ctab.writes[x], 0))  # its own, across several jumps
+            pe.moved[x] = (r, w, before + skip)
+            ctab.reads[x] = _spans_at(bc.reads, ctab.iteration[x] + before + skip)
+            ctab.writes[x] = _spans_at(bc.writes, ctab.iteration[x] + before + skip)
+
+
 # --- the state at a boundary -------------------------------------------------------------------------------
 def canonical(dev: DeviceState, pe: PeState, t: int, phase: int) -> tuple | None:
     """The whole dynamic state of ``pe`` at a boundary, with times, seqs and commands as offsets from it
@@ -231,8 +246,8 @@ def canonical(dev: DeviceState, pe: PeState, t: int, phase: int) -> tuple | None
             q = key & MASK
             if q == WAKE:
                 continue
-            if q >= JOIN:
-                events.append((e - t, (q ^ JOIN) - s0, 1))  # a flow about to join its channel
+            if q >= JOIN:  # a transfer in its access phase, about to join its channel (and the unit it holds)
+                events.append((e - t, (q ^ JOIN) - s0, 1, unit[q ^ JOIN]))
             elif end[q] == e:
                 events.append((e - t, q - s0, 0))
     window = ctab.dispatch_seq[pe.first_incomplete] if pe.first_incomplete < c else s0
@@ -334,17 +349,7 @@ class Steady:
                      f"{i1}; {k} periods ({k * p} iterations) inserted")
 
     def _jump(self, pe: PeState, ins: Insertion) -> None:
-        """Move the run past ``ins.k`` periods: the cursor skips them, and the commands still in flight take
-        the footprints they would have ``k`` periods on (the hazards they meet from now on are those)."""
-        loop, skip = ins.loop, ins.k * ins.p
-        pe.cursor.skip(loop, skip)
-        ctab = pe.ctab
-        for x in range(pe.first_incomplete, pe.n_lowered):
-            if ctab.loop[x] is loop and not pe.completed[x]:
-                bc = pe.cursor.program.body_command(loop, ctab.body[x])
-                pe.moved[x] = (ctab.reads[x], ctab.writes[x])
-                ctab.reads[x] = _spans_at(bc.reads, ctab.iteration[x] + skip)
-                ctab.writes[x] = _spans_at(bc.writes, ctab.iteration[x] + skip)
+        jump(pe, ins)
 
     def state(self, why_full: str) -> SteadyState:
         lines = tuple(f"loop {n}: {w.outcome or 'simulated in full'}" for n, w in enumerate(self.watches.values()))
@@ -381,29 +386,29 @@ def simulate_pe(progs: Sequence[Program], memories: Sequence[Any] | None = None,
             run(pe)
         # every effect has been applied: let them go (they hold a record per stage; the analysis never reads them)
         pe.table.effects = [None] * len(pe.table)
-        return _finish(pe, progs, None, SteadyState("full", reason=why_full))
+        return _finish(pe, progs, (), SteadyState("full", reason=why_full))
     if not steady_state or not any(p.loops for p in progs):
         run(pe)
-        return _finish(pe, progs, None, SteadyState(
+        return _finish(pe, progs, (), SteadyState(
             "full", reason=why_full if not steady_state else "the program has no tl.range loop"))
     watcher = Steady(prog)
     run(pe, on_boundary=watcher)
-    return _finish(pe, progs, watcher, watcher.state("no loop was accelerated"))
+    return _finish(pe, progs, watcher.insertions, watcher.state("no loop was accelerated"))
 
 
-def _finish(pe: PeState, progs: Sequence[Program], watcher: "Steady | None",
+def _finish(pe: PeState, progs: Sequence[Program], insertions: Sequence["Insertion"],
             state: SteadyState) -> tuple[Timeline, Schedule, SteadyState]:
-    for x, (r, w) in pe.moved.items():  # the commands that crossed a jump keep their own footprints
+    for x, (r, w, _) in pe.moved.items():  # the commands that crossed a jump keep their own footprints
         pe.ctab.reads[x], pe.ctab.writes[x] = r, w
     commands = progs[0].trace.commands if len(progs) == 1 else _Concat([p.trace.commands for p in progs])
     loops = tuple(lp for p in progs for lp in p.loops)
     sched = schedule_of(pe, commands, loops)
     tl = timeline_of(pe, sched)
-    if watcher is None or not watcher.insertions:
+    if not insertions:
         return tl, sched, state
     from .expand import expand
 
-    xs, xt = expand(progs[0], sched, tl, watcher.insertions, pe.waited,
+    xs, xt = expand(progs[0], sched, tl, insertions, pe.waited,
                     list(zip(pe.launch_first, pe.launch_start)))
     return xt, xs, state
 
@@ -440,10 +445,154 @@ class _Concat(Sequence):
         return f"Commands({len(self)} commands in {len(self._parts)} launches)"
 
 
+def flows_state(dev: DeviceState, t: int, s0: dict[int, int]) -> tuple:
+    """Every contended channel's active flows at ``t``: ``(pe, seq − s0[pe], units left)``, sorted."""
+    out = []
+    for c in sorted(dev.channels):
+        fc = dev.channels[c]
+        fc._advance(t)  # rates are constant until the next join or leave: advancing to t changes nothing ahead
+        out.append((c, tuple(sorted((p, q - s0[p], left) for (p, q), left in fc.flows.items()))))
+    return tuple(out)
+
+
+@dataclass(eq=False)
+class _Joint:
+    """What the device steady state has seen of one regime at boundaries of one PE's loop."""
+
+    seen: dict[tuple, tuple] = field(default_factory=dict)  # state -> (t, per PE (i, c, s) or None)
+    watched: int = 0
+
+
+class GroupSteady:
+    """The steady state of a group of PEs sharing channels (DESIGN.md §12, §14), called at every boundary of
+    any PE's loop.
+
+    The state compared is every PE's (:func:`canonical`: each PE in a ``tl.range`` loop, with the next
+    command to lower the first of an iteration, or finished) and every flow's (:func:`flows_state`), at a
+    boundary of one PE's loop. When the state at ``t2`` equals the one at ``t1``, shifted by ``t2 − t1``,
+    the device repeats: PE x advances ``p_x`` iterations per ``t2 − t1`` cycles. ``k`` such periods are
+    inserted at once for every PE, ``k`` stopping short of the earliest loop end among the PEs (each keeps
+    a period and ``cmd_queue_depth`` commands before its loop's last iteration); then the run goes on and
+    tries again, in the new regime (which PEs are in which loop, which have finished).
+    """
+
+    def __init__(self, pes: Sequence[PeState]):
+        self.pes = list(pes)
+        self.watches: dict[int, _Watch] = {}
+        self.insertions: dict[int, list[Insertion]] = {q.pe: [] for q in self.pes}
+        self.regime: tuple | None = None
+        self.joint: dict[tuple, _Joint] = {}
+        self.first: tuple[int, int] | None = None
+        self.budget_spent = False
+
+    def _watch(self, loop: Loop, prog: Program) -> _Watch:
+        w = self.watches.get(id(loop))
+        if w is None:
+            why = shift_invariant(prog, loop)
+            w = self.watches[id(loop)] = _Watch(loop, prog.loop_period(loop), why)
+            if why is not None:
+                w.outcome = f"simulated in full: {why}"
+        return w
+
+    @staticmethod
+    def _finished(q: PeState) -> bool:
+        return q.cursor.done and q.launch + 1 >= len(q.launches) and q.in_flight == 0 \
+            and q.next_dispatch >= q.n_lowered
+
+    def __call__(self, dev: DeviceState, P: PeState, t: int) -> None:
+        pos: list[tuple[Loop, int, _Watch] | None] = []
+        for q in self.pes:
+            if self._finished(q):
+                pos.append(None)
+                continue
+            at = q.cursor.at_boundary() if hasattr(q.cursor, "at_boundary") else None
+            if at is None:
+                return  # a PE in straight-line code or mid-iteration: nothing repeats now
+            w = self._watch(at[0], q.cursor.program)
+            if w.why_not is not None:
+                return
+            pos.append((at[0], at[1], w))
+        regime = tuple(None if x is None else (q.launch, id(x[0])) for q, x in zip(self.pes, pos))
+        if regime != self.regime:
+            self.regime, self.joint = regime, {}
+        key = (P.pe, id(pos[self.pes.index(P)][0]))
+        j = self.joint.get(key)
+        if j is None:
+            j = self.joint[key] = _Joint()
+        periods = [x[2].period for x in pos if x is not None]
+        j.watched += 1
+        if j.watched > WATCH + 4 * max(periods, default=1):
+            return
+        # every PE in a loop must have room for a period beyond the one that proves it
+        depth = P.cursor.program.topo.cmd_queue_depth
+        keeps = []
+        for q, x in zip(self.pes, pos):
+            if x is None:
+                keeps.append(0)
+                continue
+            loop, i, w = x
+            keep = w.period + -(-depth // len(loop.body)) + 1
+            if loop.iterations - i < keep + w.period:
+                return
+            keeps.append(keep)
+        parts = []
+        for q, x in zip(self.pes, pos):
+            if x is None:
+                parts.append(("done",))
+                continue
+            st = canonical(dev, q, t, x[1] % x[2].period)
+            if st is None:
+                return
+            parts.append(st)
+        parts.append(flows_state(dev, t, {q.pe: len(q.start) for q in self.pes}))
+        state = tuple(parts)
+        now = tuple(None if x is None else (x[1], q.n_lowered, len(q.start)) for q, x in zip(self.pes, pos))
+        hit = j.seen.get(state)
+        if hit is None:
+            j.seen[state] = (t, now)
+            return
+        t1, then = hit
+        k = None
+        for q, x, a, b, keep in zip(self.pes, pos, then, now, keeps):
+            if x is None:
+                continue
+            p = b[0] - a[0]
+            if p <= 0:
+                return
+            room = (x[0].iterations - b[0] - keep) // p
+            k = room if k is None else min(k, room)
+        if not k or k < 1:
+            return
+        for q, x, a, b in zip(self.pes, pos, then, now):
+            if x is None:
+                continue
+            loop = x[0]
+            ins = Insertion(loop, a[0], b[0], a[1], b[1], a[2], b[2], t1, t, k, q.cursor.program)
+            jump(q, ins)
+            self.insertions[q.pe].append(ins)
+            w = x[2]
+            w.outcome = (f"steady with the device: period {ins.p} iterations ({t - t1} cycles) proven at "
+                         f"iteration {b[0]} against iteration {a[0]}; {k} periods inserted")
+        if self.first is None:
+            x = pos[self.pes.index(P)]
+            self.first = (now[self.pes.index(P)][0] - then[self.pes.index(P)][0], now[self.pes.index(P)][0])
+        self.joint = {}  # what was seen lies before the jump: start afresh in the moved numbering
+
+    def state(self, q: PeState, progs: Sequence[Program], why_full: str) -> SteadyState:
+        loops = [lp for p in progs for lp in p.loops]
+        lines = tuple(f"loop {n}: {self.watches[id(lp)].outcome if id(lp) in self.watches and self.watches[id(lp)].outcome else 'simulated in full'}"
+                      for n, lp in enumerate(loops))
+        ins = self.insertions[q.pe]
+        if not ins:
+            return SteadyState("full", reason=why_full, loops=lines)
+        return SteadyState("steady", ins[0].p, ins[0].i2, None, sum(x.k for x in ins), lines)
+
+
 def simulate_group(progs: Sequence[Sequence[Program]], memories: Sequence[Sequence[Any]] | None,
                    channels: dict, *, steady_state: bool = True,
                    why_full: str = "steady_state=False") -> list[tuple[Timeline, Schedule, SteadyState]]:
-    """Run several PEs that share contended channels in one event loop: PE ``i`` runs the launches ``progs[i]``.
+    """Run several PEs that share contended channels in one event loop: PE ``i`` runs the launches ``progs[i]``;
+    in timing mode with the device steady state (:class:`GroupSteady`) unless ``steady_state`` is False.
 
     Returns:
         Per PE, as :func:`simulate_pe` does.
@@ -458,11 +607,12 @@ def simulate_group(progs: Sequence[Sequence[Program]], memories: Sequence[Sequen
             run(dev)
         for pe in pes:
             pe.table.effects = [None] * len(pe.table)
-        why = why_full
-    else:
-        run(dev)  # the steady state on a group of PEs: not yet; every stage is simulated
-        why = why_full if not steady_state else "PEs sharing a channel are simulated in full"
-    out = []
-    for pe, ps in zip(pes, progs):
-        out.append(_finish(pe, ps, None, SteadyState("full", reason=why)))
-    return out
+        return [_finish(pe, ps, (), SteadyState("full", reason=why_full)) for pe, ps in zip(pes, progs)]
+    if not steady_state or not any(p.loops for ps in progs for p in ps):
+        run(dev)
+        why = why_full if not steady_state else "the program has no tl.range loop"
+        return [_finish(pe, ps, (), SteadyState("full", reason=why)) for pe, ps in zip(pes, progs)]
+    watcher = GroupSteady(pes)
+    run(dev, on_boundary=watcher)
+    return [_finish(pe, ps, watcher.insertions[pe.pe], watcher.state(pe, ps, "no loop was accelerated"))
+            for pe, ps in zip(pes, progs)]
