@@ -255,3 +255,17 @@ def test_four_pes_on_one_channel_are_steady_jointly_and_equal_the_full_run():
     one = sim.run(gqa_decode, *decode_inputs(sim, 9, kv=4096), variant="opt2", tile=128)
     kv_bytes = 4 * 2 * 4096 * 64 * 2
     assert run.cycles > one.cycles and run.cycles >= kv_bytes / 64
+
+
+def test_a_replica_renames_default_labels_and_names_made_from_its_tensors():
+    def k(tl, x, y):
+        t = tl.load(x)            # default label "dma_load x<p>", TCM name "x<p>_tcm"
+        tl.store(t, y)
+    sim = kbwork.Simulator(mode="timing", pes=3, hbm_channels=3)
+    plan = {p: [Launch(k, sim.hbm(f"x{p}", shape=(64,), dtype="fp32", channel=p),
+                       sim.hbm(f"y{p}", shape=(64,), dtype="fp32", channel=p))] for p in range(3)}
+    run = sim.run_device(plan)
+    assert run.reductions.simulated == 1
+    assert run.to_csv() == sim.run_device(plan, reductions=False).to_csv()
+    labels = run.op_log[run.op_log.stage == "DISPATCH"].label.astype(str).tolist()
+    assert labels == [f"dma_{v} x{p}{s}" for p in range(3) for v, s in (("load", ""), ("store", "_tcm"))]

@@ -104,6 +104,29 @@ def _hbm_uses(prog: Program) -> tuple[list[Family], list[Family]]:
     return reads, writes
 
 
+@dataclass
+class Uses:
+    """What one PE's launches touch in HBM: the channels their transfers move bytes on, and the byte ranges
+    they read and write (loops' moving slices as families)."""
+
+    channels: set[int]
+    reads: list[Family]
+    writes: list[Family]
+
+
+def uses_of(progs: Sequence[Program]) -> Uses:
+    """:class:`Uses` of one PE's launches, in one walk over their commands (a loop's body once)."""
+    chans: set[int] = set()
+    reads: list[Family] = []
+    writes: list[Family] = []
+    for prog in progs:
+        r, w = _hbm_uses(prog)
+        reads += r
+        writes += w
+        chans |= channels_of(prog)
+    return Uses(chans, reads, writes)
+
+
 def _families_meet(a: Family, b: Family) -> bool:
     (alo, ahi), (blo, bhi) = a.hull, b.hull
     if ahi <= blo or bhi <= alo:
@@ -124,7 +147,8 @@ def _families_meet(a: Family, b: Family) -> bool:
     return bool((j_lo <= j_hi).any())
 
 
-def check_isolation(programs: dict[int, Sequence[Program]], tensors: Sequence[Handle]) -> None:
+def check_isolation(programs: dict[int, Sequence[Program]], tensors: Sequence[Handle],
+                    uses: dict[int, Uses] | None = None) -> None:
     """Refuse any HBM range one PE writes and another PE reads or writes (DESIGN.md §14).
 
     A sweep over the families' address hulls, so only families whose hulls overlap are compared exactly:
@@ -133,12 +157,11 @@ def check_isolation(programs: dict[int, Sequence[Program]], tensors: Sequence[Ha
     Raises:
         ValidationError: naming both PEs and the tensor (of the lowest pair of PEs in conflict).
     """
+    uses = uses or {pe: uses_of(programs[pe]) for pe in programs}
     items = []  # (hull lo, hull hi, pe, written, family)
     for pe in sorted(programs):
-        for prog in programs[pe]:
-            reads, writes = _hbm_uses(prog)
-            items += [(*f.hull, pe, False, f) for f in reads]
-            items += [(*f.hull, pe, True, f) for f in writes]
+        items += [(*f.hull, pe, False, f) for f in uses[pe].reads]
+        items += [(*f.hull, pe, True, f) for f in uses[pe].writes]
     items.sort(key=lambda x: (x[0], x[1], x[2], x[3]))
     active_r: list[tuple] = []
     active_w: list[tuple] = []
@@ -189,25 +212,28 @@ def channels_of(prog: Program) -> set[int]:
     return out
 
 
-def contended_channels(programs: dict[int, Sequence[Program]], topo) -> dict[int, int]:
+def contended_channels(programs: dict[int, Sequence[Program]], topo,
+                       uses: dict[int, Uses] | None = None) -> dict[int, int]:
     """Channel -> the number of DMA units that may move bytes on it, for every channel where they can slow
     one another (:func:`kbwork.device.flows.contended`)."""
     rate = topo.channel_fraction
-    return {c: k for c, k in _channel_users(programs, topo).items() if contended(rate, topo.dma_bytes_per_cycle, k)}
+    return {c: k for c, k in _channel_users(programs, topo, uses).items()
+            if contended(rate, topo.dma_bytes_per_cycle, k)}
 
 
-def _channel_users(programs: dict[int, Sequence[Program]], topo) -> dict[int, int]:
+def _channel_users(programs: dict[int, Sequence[Program]], topo,
+                   uses: dict[int, Uses] | None = None) -> dict[int, int]:
     """Channel -> DMA units that may move bytes on it (every DMA unit of every PE using it), ascending."""
     users: dict[int, int] = {}
     for pe in sorted(programs):
-        progs = programs[pe]
-        chans = set().union(*(channels_of(p) for p in progs)) if progs else set()
+        chans = uses[pe].channels if uses is not None else set().union(set(), *(channels_of(p) for p in programs[pe]))
         for c in chans:
             users[c] = users.get(c, 0) + topo.dma_channels
     return dict(sorted(users.items()))
 
 
-def groups(programs: dict[int, Sequence[Program]], shared: dict[int, int]) -> list[list[int]]:
+def groups(programs: dict[int, Sequence[Program]], shared: dict[int, int],
+           uses: dict[int, Uses] | None = None) -> list[list[int]]:
     """The PEs in groups linked by the contended channels they use, each group ascending, groups by first PE."""
     parent = {pe: pe for pe in programs}
 
@@ -218,7 +244,8 @@ def groups(programs: dict[int, Sequence[Program]], shared: dict[int, int]) -> li
         return x
     owner: dict[int, int] = {}
     for pe in sorted(programs):
-        for c in sorted(set().union(*(channels_of(p) for p in programs[pe])) & set(shared)):
+        chans = uses[pe].channels if uses is not None else set().union(set(), *(channels_of(p) for p in programs[pe]))
+        for c in sorted(chans & set(shared)):
             if c in owner:
                 a, b = find(owner[c]), find(pe)
                 if a != b:
@@ -231,26 +258,48 @@ def groups(programs: dict[int, Sequence[Program]], shared: dict[int, int]) -> li
     return [out[k] for k in sorted(out)]
 
 
+def tensor_index(tensors: Sequence[Handle]) -> tuple[list[Handle], list[int], set[str]]:
+    """The HBM tensors by address, their start addresses and their names (what :func:`group_key` looks up)."""
+    by_addr = sorted(tensors, key=lambda h: h.addr)
+    return by_addr, [h.addr for h in by_addr], {h.name for h in by_addr}
+
+
 def group_key(group: Sequence[int], programs: dict[int, Sequence[Program]], tensors: Sequence[Handle],
-              shared: dict[int, int]) -> tuple[tuple | None, tuple[str, ...]]:
+              shared: dict[int, int], index: tuple | None = None) -> tuple[tuple | None, tuple[str, ...]]:
     """What decides a group's records, with every HBM tensor and channel named relative to the group (the order
     it first meets them): two groups with equal keys evolve identically. Returns the key (None when a program
     holds something the key cannot describe: the group is then simulated) and the group's HBM tensors' names in
     that order (what a replica renames)."""
-    by_addr = sorted(tensors, key=lambda h: h.addr)
-    starts = [h.addr for h in by_addr]
+    by_addr, starts, hbm_all = index if index is not None else tensor_index(tensors)
     undescribable = []
     tensor_ids: dict[int, int] = {}
-    tensor_names: list[str] = []
+    tensor_names: list[str] = []  # every name a replica renames, in the order met: HBM tensors and names made from them
+    hbm_names: list[str] = []     # the HBM tensors, by relative id
     channel_ids: dict[int, int] = {}
     import bisect
 
+    memo: dict[int, Any] = {}
+
     def hkey(h: Any) -> Any:
+        k = memo.get(id(h))
+        if k is None:
+            k = memo[id(h)] = _hkey(h)
+        return k
+
+    def _hkey(h: Any) -> Any:
         if not isinstance(h, Handle):
             undescribable.append(h)
             return ("?",)
         if h.space is Space.TCM:
-            base = (0, h.addr, h.shape, h.dtype, h.pinned, h.name)
+            name: Any = h.name
+            base_name = name.split("[", 1)[0]
+            for tid, tname in enumerate(hbm_names):  # "K0_tcm": a TCM name made from a tensor's, renamed with it
+                if base_name.startswith(tname) and base_name != tname:
+                    if base_name not in tensor_names:
+                        tensor_names.append(base_name)
+                    name = ("from", tid, name[len(tname):])
+                    break
+            base = (0, h.addr, h.shape, h.dtype, h.pinned, name)
         else:
             i = bisect.bisect_right(starts, h.addr) - 1
             if i < 0 or not (by_addr[i].addr <= h.addr < by_addr[i].end or h.nbytes == 0):
@@ -261,6 +310,7 @@ def group_key(group: Sequence[int], programs: dict[int, Sequence[Program]], tens
             if tid is None:
                 tid = tensor_ids[t.addr] = len(tensor_ids)
                 tensor_names.append(t.name)
+                hbm_names.append(t.name)
             cid = channel_ids.setdefault(h.channel, len(channel_ids))
             base = (1, tid, h.addr - t.addr, h.shape, h.dtype, h.pinned, cid, h.channel in shared,
                     h.name[len(t.name):] if h.name.startswith(t.name) else None)
@@ -273,7 +323,17 @@ def group_key(group: Sequence[int], programs: dict[int, Sequence[Program]], tens
         it = cmd.iter
         it = (it.a, it.b) if isinstance(it, Index) else it
         if isinstance(cmd, DmaCmd):
-            return ("dma", hkey(cmd.src), hkey(cmd.dst), cmd.label, it, cmd.auto_label)
+            # the default label names the source ("dma_load K[0:128]"): a replica renames it with its tensors
+            verb = "dma_load " if cmd.src.space is Space.HBM else "dma_store "
+            if cmd.auto_label is not None or cmd.label == verb + cmd.src.name:
+                label: Any = ("default", verb)
+            elif cmd.label.startswith(DMA_VERBS) and \
+                    any(p.split("[", 1)[0] in hbm_all for p in cmd.label.split(" ", 1)[1].split("|")):
+                undescribable.append(cmd)  # names a tensor like a default label: a replica would rename it
+                label = ("?",)
+            else:
+                label = cmd.label
+            return ("dma", hkey(cmd.src), hkey(cmd.dst), label, it)
         return ("cmd", tuple((op.signature, tuple((n, hkey(h)) for n, h in op.operands.items()),
                               hkey(op.out) if op.out is not None else None) for op in cmd.ops),
                 tuple(hkey(h) for h in cmd.rw_handles), tuple(hkey(h) for h in cmd.scratch), cmd.label, it)
@@ -300,6 +360,17 @@ def flow_channels(shared: dict[int, int], topo) -> dict[int, FlowChannel]:
 
 
 # --- replicas -------------------------------------------------------------------------------------------------
+#: How a DMA command's default label starts (``tl.load``, ``tl.store``); the rest names its source.
+DMA_VERBS = ("dma_load ", "dma_store ")
+
+
+def rename_label(label: str, rename: dict[str, str]) -> str:
+    """A command's label in a replica: a default DMA label (``dma_load K0[0:128]``) names the replica's tensor."""
+    for verb in DMA_VERBS:
+        if label.startswith(verb):
+            return verb + rename_tensor(label[len(verb):], rename)
+    return label
+
 def rename_tensor(name: str, rename: dict[str, str]) -> str:
     """``name`` (an op_log ``tensor``: ``K[0:128]``, ``a|b``) with every HBM tensor in it renamed by ``rename``."""
     if not name:
@@ -353,8 +424,18 @@ class Replica:
 
     def __init__(self, sched: Any, rename: dict[str, str], commands: Sequence):
         self._s = sched
+        self._rename = rename
         self.table = _RenamedTable(sched.table, rename)
         self.commands = commands
+        self._labels: list[str] | None = None
+
+    @property
+    def labels(self) -> list[str]:
+        if self._labels is None:
+            cache: dict[str, str] = {}
+            self._labels = [cache[x] if x in cache else cache.setdefault(x, rename_label(x, self._rename))
+                            for x in self._s.labels]
+        return self._labels
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._s, name)
@@ -387,19 +468,21 @@ def simulate_device(programs: dict[int, list[Program]], topo, tensors: Sequence[
     """
     from .steady import simulate_group, simulate_pe
 
-    check_isolation(programs, tensors)
-    shared = contended_channels(programs, topo)
-    grouped = groups(programs, shared)
+    uses = {pe: uses_of(programs[pe]) for pe in programs}
+    check_isolation(programs, tensors, uses)
+    shared = contended_channels(programs, topo, uses)
+    grouped = groups(programs, shared, uses)
     if not reduce:
         if topo.channel_fraction is not None:
-            shared = {c: k for c, k in _channel_users(programs, topo).items()}
+            shared = _channel_users(programs, topo, uses)
         grouped = [sorted(programs)]
     red = Reductions(pes=len(programs), groups=len(grouped), simulated=0, contended_channels=tuple(shared))
     out: dict[int, tuple] = {}
     seen: dict[tuple, tuple[list[int], tuple[str, ...]]] = {}
+    index = tensor_index(tensors)
     for group in grouped:
         key, names = (None, ()) if memories is not None or not reduce else \
-            group_key(group, programs, tensors, shared)
+            group_key(group, programs, tensors, shared, index)
         if key is not None and key in seen:  # an identical group: its records are the earlier one's
             src_group, src_names = seen[key]
             rename = dict(zip(src_names, names))
@@ -409,8 +492,7 @@ def simulate_device(programs: dict[int, list[Program]], topo, tensors: Sequence[
                 red.replicated_from[pe] = src
             continue
         red.simulated += 1
-        mine = {c: k for c, k in shared.items()
-                if any(c in channels_of(p) for pe in group for p in programs[pe])}
+        mine = {c: k for c, k in shared.items() if any(c in uses[pe].channels for pe in group)}
         if len(group) == 1 and not mine:  # alone on its channels: every transfer's duration is known when it starts
             pe = group[0]
             out[pe] = simulate_pe(programs[pe], None if memories is None else memories[pe],

@@ -428,7 +428,8 @@ class TLContext:
         epilogue = () if epilogue is None else epilogue
         rw_handles = () if rw_handles is None else rw_handles
         for what, seq in (("prologue", prologue), ("epilogue", epilogue), ("rw_handles", rw_handles)):
-            _check_list(seq, f"tl.composite: {what}=")
+            if seq.__class__ is not list and seq.__class__ is not tuple:
+                _check_list(seq, f"tl.composite: {what}=")
         if trans_b is None:
             trans_b = False
         if ops is not None:
@@ -641,14 +642,9 @@ class TLContext:
         scratch = self._recipe_scratch_for(rd, operands)
         env: dict[str, Handle] = {**operands, **scratch}
         specs = []
-        for step in rd.engine_seq:
-            info = OPS.get(step.kind)
-            if info is None or info.kind == "gemm" or len(step.srcs) != len(info.operands):
-                raise ValidationError(f"{where}: step {step!r} is not a MATH op of the op table with "
-                                      f"{len(step.srcs)} operand(s); fix the recipe descriptor.")
-            extra = {k: params[v] if isinstance(v, str) else v for k, v in step.scalars.items()}
-            specs.append(OpSpec(step.kind, Scope.KERNEL, dict(zip(info.operands, (env[s] for s in step.srcs))),
-                                extra, env[step.dst]))
+        for kind, ports, srcs, dst, scalars in rd.steps:
+            extra = {k: params[v] if isinstance(v, str) else v for k, v in scalars.items()} if scalars else {}
+            specs.append(OpSpec(kind, Scope.KERNEL, {port: env[x] for port, x in zip(ports, srcs)}, extra, env[dst]))
         rw = [operands[n] for n in rd.rw_operands]
         primary = scratch[rd.primary_out.name] if rd.primary_out is not None else None
         return specs, rw, tuple(scratch.values()), primary
@@ -810,7 +806,7 @@ def _validate_ops(ops: tuple[OpSpec, ...], where: str, notes: Mapping[int, str] 
     head = gemms[0] if gemms else 0
     target: Handle | None = None
     for i, o in enumerate(ops):
-        w = f"{where} op {i} ({o.kind}{', ' + notes[i] if notes and i in notes else ''})"
+        w = _Where(where, i, o.kind, notes[i] if notes and i in notes else None)
         info = OPS.get(o.kind)
         if info is None:
             extra = (f"; recipes ({', '.join(RECIPE_DESCRIPTORS)}) are expanded by tl.composite"
@@ -870,6 +866,21 @@ def _validate_ops(ops: tuple[OpSpec, ...], where: str, notes: Mapping[int, str] 
             _check_math(o, w, target, info)
         if out is not None:
             target = out
+
+
+class _Where:
+    """Where an op sits in a composite, in words only when an error needs them (``f"{w}: ..."``)."""
+
+    __slots__ = ("where", "i", "kind", "note")
+
+    def __init__(self, where: str, i: int, kind: str, note: str | None):
+        self.where, self.i, self.kind, self.note = where, i, kind, note
+
+    def __str__(self) -> str:
+        return f"{self.where} op {self.i} ({self.kind}{', ' + self.note if self.note else ''})"
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
 
 
 def _check_gemm(o: OpSpec, w: str) -> None:

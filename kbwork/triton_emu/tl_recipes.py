@@ -142,6 +142,12 @@ class RecipeDescriptor:
                 if isinstance(v, str) and v not in self.params:
                     raise ValidationError(f"{where}: step {step!r} binds scalar {k!r} to {v!r}, which is not a "
                                           f"param ({', '.join(self.params) or 'none'}).")
+        from ..pe.ops import OPS
+        for step in self.engine_seq:
+            info = OPS.get(step.kind)
+            if info is None or info.kind == "gemm" or len(step.srcs) != len(info.operands):
+                raise ValidationError(f"{where}: step {step!r} is not a MATH op of the op table with "
+                                      f"{len(step.srcs)} operand(s); fix the recipe descriptor.")
         if self.primary_out is not None and self.primary_out.name not in scratch:
             raise ValidationError(f"{where}: primary output {self.primary_out.name!r} is not one of its scratch "
                                   f"buffers.")
@@ -149,6 +155,14 @@ class RecipeDescriptor:
             if default is not None and (isinstance(default, bool) or not isinstance(default, (int, float))
                                         or math.isnan(default)):
                 raise ValidationError(f"{where}: param {p!r} has default {default!r}; use a number or None.")
+
+    @property
+    def steps(self) -> tuple[tuple[str, tuple[str, ...], tuple[str, ...], str, dict], ...]:
+        """Each step as ``(kind, operand ports, srcs, dst, scalars)``: what an expansion binds (checked at
+        construction, so expanding only looks up names)."""
+        from ..pe.ops import OPS
+
+        return tuple((st.kind, OPS[st.kind].operands, st.srcs, st.dst, dict(st.scalars)) for st in self.engine_seq)
 
     @property
     def rw_operands(self) -> tuple[str, ...]:
