@@ -862,7 +862,7 @@ def check_kernel(k: Kernel, u: Unrolled, ref: Ref) -> None:
     py_t, _ = execute(k, u, "timing", traced=False)
     full, _ = execute(k, u, "timing", traced=True, steady=False)
     py_csv = py_t.to_csv()
-    same_program(full.to_csv(), py_csv, "tl.range and the Python loop give different op_logs")
+    same_program(full.to_csv(), py_csv, "tl.range and the Python loop give different op_logs", k)
     # 2. the steady state gives the full run's results exactly
     fast, _ = execute(k, u, "timing", traced=True, steady=True)
     state = fast.steady_state
@@ -890,19 +890,33 @@ def check_kernel(k: Kernel, u: Unrolled, ref: Ref) -> None:
             f"{tid}: tl.range and the Python loop compute different numbers"
 
 
-#: the name a recipe expansion inside a scratch scope gives its scratch: the recipe and the command it serves
+#: the names of recipe scratch: in a scratch scope after the command it serves, else numbered in order
 _SCOPED_RECIPE = re.compile(r"(softmax_merges)\d+\.")
+_KERNEL_RECIPE = re.compile(r"(softmax_merge)\d+\.")
 
 
-def same_program(traced: str, python: str, msg: str) -> None:
-    """Property 1 on two op_log CSVs, except where a known bug shows, and only there: the scratch of a
-    recipe expanded in a scratch scope in a body is named after iteration 0's command in every iteration
-    (test_a_recipe_in_a_scratch_scope_in_a_body_names_its_scratch_as_the_python_loop_does)."""
+def same_program(traced: str, python: str, msg: str, k: Kernel) -> None:
+    """Property 1 on two op_log CSVs, except where a known bug shows, and only there (the footprint: the
+    names of recipe scratch in the ``tensor`` of a FETCH):
+
+    * "scoped recipe scratch names": the scratch of a recipe expanded in a scratch scope in a body is
+      named after iteration 0's command in every iteration
+      (test_a_recipe_in_a_scratch_scope_in_a_body_names_its_scratch_as_the_python_loop_does);
+    * "recipe scratch of an empty loop": an empty tl.range's body, traced all the same, allocates its
+      recipe's kernel-scope scratch, which renumbers the scratch of later expansions
+      (test_an_empty_loop_does_not_renumber_the_recipe_scratch_of_later_commands).
+    """
     if traced == python:
         return
-    assert _SCOPED_RECIPE.sub(r"\1#.", traced) == _SCOPED_RECIPE.sub(r"\1#.", python), msg
-    KNOWN["scoped recipe scratch names"] += 1
-    event("known bug: scoped recipe scratch names")
+    a, b = (_SCOPED_RECIPE.sub(r"\1#.", x) for x in (traced, python))
+    if a == b:
+        KNOWN["scoped recipe scratch names"] += 1
+        event("known bug: scoped recipe scratch names")
+        return
+    empty = any(seg.n == 0 and any(c.what.startswith("merge") for c in seg.cmds()) for seg in k.loops)
+    assert empty and _KERNEL_RECIPE.sub(r"\1#.", a) == _KERNEL_RECIPE.sub(r"\1#.", b), msg
+    KNOWN["recipe scratch of an empty loop"] += 1
+    event("known bug: recipe scratch of an empty loop")
 
 
 def check_steady(full, fast) -> None:
@@ -1075,5 +1089,30 @@ def test_a_recipe_in_a_scratch_scope_in_a_body_names_its_scratch_as_the_python_l
                 with tl.scratch_scope():
                     tl.composite(op="gemm", b=V[j:j + 1], out=O, epilogue=[{"op": "add", "other": O}],
                                  prologue=[{"op": "softmax_merge", "s": s, "m": m, "l": l, "O": O}])
+        logs.append(sim.run(kernel).to_csv())
+    assert logs[0] == logs[1]
+
+
+@pytest.mark.xfail(strict=True, reason="an empty tl.range's body is traced, and its softmax_merge allocates the "
+                   "recipe's kernel-scope scratch (softmax_merge0) that the Python loop never does: the later "
+                   "expansion's scratch is softmax_merge1 instead of softmax_merge0 ('softmax_merge1.P|V' in "
+                   "the op_log tensor of its FETCH)")
+def test_an_empty_loop_does_not_renumber_the_recipe_scratch_of_later_commands():
+    logs = []
+    for loop in ("python", "tl.range"):
+        sim = kbwork.Simulator(mode="timing")
+        V = sim.hbm("V", shape=(1, 1), dtype="fp32")
+
+        def kernel(tl):
+            m = tl.full((1, 1), -math.inf, "fp32", name="m")
+            l, O = (tl.full((1, 1), 0.0, "fp32", name=n) for n in ("l", "O"))
+            s32, s16 = tl.full((1, 1), 0.0, "fp32", name="s32"), tl.full((1, 1), 0.0, "bf16", name="s16")
+
+            def merge(s):
+                tl.composite(op="gemm", b=V, out=O, prologue=[{"op": "softmax_merge", "s": s, "m": m, "l": l,
+                                                                 "O": O}])
+            for j in range(0) if loop == "python" else tl.range(0):
+                merge(s32)
+            merge(s16)
         logs.append(sim.run(kernel).to_csv())
     assert logs[0] == logs[1]
