@@ -522,6 +522,11 @@ class Gen:
                 items.append(self.scope(seg, room - 1))
             else:
                 items.append(self.cmd(seg))
+        # while test_a_recipe_after_a_scratch_scope_in_a_body_takes_the_same_tcm_as_the_python_loop fails, a
+        # body's scratch scope comes after the recipe expansions outside it (that bug moves the schedule)
+        blocks = [x for x in items if isinstance(x, ScopeBlock)]
+        if blocks and any(isinstance(x, Cmd) and x.what.startswith("merge") for x in items[items.index(blocks[0]):]):
+            items = [x for x in items if x is not blocks[0]] + blocks
         # tl.wait on an earlier command of the same body (or segment)
         flat = [c for x in items for c in (x.items if isinstance(x, ScopeBlock) else [x])]
         for k, c in enumerate(flat):
@@ -1116,3 +1121,28 @@ def test_an_empty_loop_does_not_renumber_the_recipe_scratch_of_later_commands():
             merge(s16)
         logs.append(sim.run(kernel).to_csv())
     assert logs[0] == logs[1]
+
+
+@pytest.mark.xfail(strict=True, reason="a softmax_merge outside a scratch scope in a tl.range body, after one: its "
+                   "kernel-scope scratch is allocated in the bytes the scope released (0x28100); the Python loop's "
+                   "second iteration loads L above it (0x28240), the traced body reuses iteration 0's address, "
+                   "which overlaps the recipe scratch: a hazard the Python loop has not, 778 cycles instead of 710")
+def test_a_recipe_after_a_scratch_scope_in_a_body_takes_the_same_tcm_as_the_python_loop():
+    runs = []
+    for loop in ("python", "tl.range"):
+        sim = kbwork.Simulator(mode="timing")
+        Y = sim.hbm("Y", shape=(2, 1), dtype="fp32")
+
+        def kernel(tl):
+            s = tl.full((1, 1), 0.0, "fp32", name="s")
+            m = tl.full((1, 1), -math.inf, "fp32", name="m")
+            l, O = (tl.full((1, 1), 0.0, "fp32", name=n) for n in ("l", "O"))
+            for j in range(2) if loop == "python" else tl.range(2):
+                with tl.scratch_scope():
+                    tl.load(Y[j:j + 1], name="L")
+                tl.composite(op="math", prologue=[{"op": "softmax_merge", "s": s, "m": m, "l": l, "O": O}])
+        runs.append(sim.run(kernel))
+    python, traced = runs
+    assert [c.dst.addr for c in traced.commands if isinstance(c, kbwork.DmaCmd)] == \
+        [c.dst.addr for c in python.commands if isinstance(c, kbwork.DmaCmd)]
+    assert traced.cycles == python.cycles and traced.to_csv() == python.to_csv()
