@@ -37,7 +37,7 @@ kernel, as ``test_fuzz`` does; nothing else is dropped or assumed away.
 
 Bugs this fuzz found have a smallest reproduction each at the end of this file, marked
 ``xfail(strict=True)``. While they stand, properties 1 and 2 accept a difference only where such a bug
-shows (:func:`same_program`, :func:`known_bugs`: it must lie in that bug's footprint, or the example
+shows (:func:`same_program`: it must lie in that bug's footprint, or the example
 fails) and count it; the printed summary says how often. When a fix makes its xfail test pass, remove
 the bug's clause there too.
 
@@ -925,67 +925,16 @@ def same_program(traced: str, python: str, msg: str, k: Kernel) -> None:
 
 
 def check_steady(full, fast) -> None:
-    """Property 2: every result of the steady run equals the full run's (DESIGN §12), except where a known
-    bug (the xfail tests at the end of this file) shows, and only there: then that bug is counted."""
+    """Property 2: every result of the steady run equals the full run's (DESIGN §12)."""
     assert fast.cycles == full.cycles, fast.steady_state
     assert fast.n_stages == full.n_stages and len(fast.commands) == len(full.commands)
     assert list(fast.program.iters) == list(full.program.iters)
+    assert list(fast.program.labels) == list(full.program.labels)
+    assert list(fast.program.waits) == list(full.program.waits)
     assert np.array_equal(fast.dispatch_cycles(), full.dispatch_cycles())
-    known = known_bugs(full, fast)
-    for bug in known:
-        KNOWN[bug] += 1
-        event(f"known bug: {bug}")
-    if "waits after an insertion" in known:
-        return  # critical_path() may raise there
-    drop = ["label"] if known else []
-    assert fast.critical_path().drop(columns=drop).equals(full.critical_path().drop(columns=drop))
-    assert fast.holds().drop(columns=drop).equals(full.holds().drop(columns=drop))
-
-
-def known_bugs(full, fast) -> set[str]:
-    """The known bugs a steady run shows, after checking that every difference from the full run lies in
-    their footprint (else this fails as property 2 would):
-
-    * "default load labels": a tl.load's default label names its j-sliced source, and the inserted periods
-      repeat the proven block's labels (test_the_steady_state_rewrites_the_default_label_...);
-    * "waits after an insertion": the commands after the inserted periods (in the loop or after it) keep
-      their simulated tl.wait targets, which moves the op_log ``ready`` of some DISPATCH
-      (test_the_steady_state_shifts_the_waits_of_the_commands_after_the_inserted_periods).
-    """
-    known = set()
-    csv_full, csv_fast = full.to_csv(), fast.to_csv()
-    labels_full, labels_fast = list(full.program.labels), list(fast.program.labels)
-    waits_full, waits_fast = list(full.program.waits), list(fast.program.waits)
-    if csv_full == csv_fast and labels_full == labels_fast and waits_full == waits_fast:
-        return known
-    assert fast.steady_state.path == "steady"
-    bad_label = {c for c, (a, b) in enumerate(zip(labels_full, labels_fast)) if a != b}
-    if bad_label:
-        for c in bad_label:
-            cmd = full.commands[c]
-            assert isinstance(cmd, kbwork.DmaCmd) and cmd.label == f"dma_load {cmd.src.name}", \
-                f"cmd {c}: steady label {labels_fast[c]!r}, full {labels_full[c]!r}"
-        known.add("default load labels")
-    bad_wait = {c for c, (a, b) in enumerate(zip(waits_full, waits_fast)) if a != b}
-    if bad_wait:
-        assert all(waits_full[c] for c in bad_wait)
-        known.add("waits after an insertion")
-    A, B = full.op_log, fast.op_log
-    assert list(A.columns) == list(B.columns) and len(A) == len(B)
-    for col in A.columns:
-        diff = A[col].astype(str).to_numpy() != B[col].astype(str).to_numpy()
-        if not diff.any():
-            continue
-        cmds = set(A.cmd.to_numpy()[diff].tolist())
-        if col == "label":
-            assert cmds <= bad_label, f"op_log labels differ at cmds {sorted(cmds - bad_label)[:5]}"
-        elif col == "ready" and bad_wait:  # a misplaced wait moves the ready of whichever DISPATCH it lands on
-            assert (A.stage.astype(str).to_numpy()[diff] == "DISPATCH").all(), \
-                f"op_log ready differs at a stage that is not a DISPATCH (cmds {sorted(cmds)[:5]})"
-        else:
-            raise AssertionError(f"steady state ({fast.steady_state}) changes the op_log column {col!r} at cmds "
-                                 f"{sorted(cmds)[:5]}")
-    return known
+    assert fast.to_csv() == full.to_csv(), fast.steady_state
+    assert fast.critical_path().equals(full.critical_path())
+    assert fast.holds().equals(full.holds())
 
 
 def reason_kind(reason: str) -> str:
@@ -1035,9 +984,6 @@ FEATURES = {
 
 
 # --- found by the fuzz ----------------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="steady state: a load's default label names its j-sliced source "
-                   "('dma_load Y[12:13]'), but the inserted periods repeat the proven block's labels "
-                   "('dma_load Y[9:10]') in run.program.labels, the op_log, critical_path() and holds()")
 def test_the_steady_state_rewrites_the_default_label_of_a_load_of_a_j_sliced_tile():
     runs = []
     for steady in (False, True):
@@ -1055,9 +1001,6 @@ def test_the_steady_state_rewrites_the_default_label_of_a_load_of_a_j_sliced_til
     assert fast.to_csv() == full.to_csv()
 
 
-@pytest.mark.xfail(strict=True, reason="steady state: the commands after the inserted periods keep the tl.wait "
-                   "targets they were simulated with (cmd 43 waits on cmd 10, not 42): run.program.waits and the "
-                   "op_log ready of their DISPATCH are wrong, and critical_path() raises SimulationError")
 def test_the_steady_state_shifts_the_waits_of_the_commands_after_the_inserted_periods():
     runs = []
     for steady in (False, True):
