@@ -24,7 +24,7 @@ import pytest
 
 import kbwork
 from kbwork import ConfigError, KbworkError, Simulator, ValidationError, decode, load_topology
-from kbwork.cli import main as cli_main
+from kbwork.__main__ import main as cli_main  # the command's entry point (kbwork bench included)
 
 REPO = Path(kbwork.__file__).resolve().parent.parent
 
@@ -738,7 +738,7 @@ def test_bench_steady_without_threadpoolctl_says_so_and_runs(tmp_path, capsys, m
 ], ids=["npz-suffix", "seed", "kv-ragged", "bench-modes", "topology"])
 def test_no_traceback_reaches_the_terminal(argv, pattern, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO), MPLBACKEND="Agg")
-    p = subprocess.run([sys.executable, "-m", "kbwork.cli", *argv], cwd=tmp_path, env=env, capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "kbwork", *argv], cwd=tmp_path, env=env, capture_output=True,
                        text=True, timeout=120)
     assert p.returncode == 2, p.stderr
     assert re.search(pattern, p.stderr), p.stderr
