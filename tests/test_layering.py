@@ -5,6 +5,8 @@ the same verdict."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from kbwork import layering
@@ -220,3 +222,34 @@ def test_the_recipe_checker_sees_a_recipe_name_anywhere(tmp_path):
     assert layering.recipe_mentions(p) == ["tl_recipes"]
     p.write_text("x = 1  # plain\n")
     assert layering.recipe_mentions(p) == []
+
+
+# --- docs/architecture.md says what the check does -------------------------------------------------
+ARCHITECTURE = layering.PACKAGE_DIR.parent / "docs" / "architecture.md"
+
+
+def test_the_architecture_page_has_the_ranks_as_implemented():
+    rows = [line for line in ARCHITECTURE.read_text(encoding="utf-8").splitlines()
+            if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
+    table = []
+    for line in rows:
+        rank, name, names = (c.strip() for c in line.strip("|").split("|"))
+        table.append((int(rank), name, tuple(re.findall(r"`([^`]+)`", names))))
+    assert table == [(i, name, names) for i, (name, names) in enumerate(layering.RANKS)]
+
+
+def test_the_architecture_page_names_files_and_objects_that_exist():
+    import importlib
+
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    root = layering.PACKAGE_DIR.parent
+    for path in set(re.findall(r"`((?:kbwork|data|docs|tests)/[\w/.-]*\w)(?::[\w.]+)?`", text)):
+        assert (root / path).exists(), f"docs/architecture.md names {path}, which does not exist"
+    refs = set(re.findall(r"`kbwork/([\w/]+)\.py:([\w.]+)`", text))
+    assert len(refs) >= 8
+    for path, name in refs:
+        module = importlib.import_module("kbwork." + path.removesuffix("/__init__").replace("/", "."))
+        obj = module
+        for part in name.split("."):
+            assert hasattr(obj, part), f"docs/architecture.md names {path}.py:{name}, which does not exist"
+            obj = getattr(obj, part)
