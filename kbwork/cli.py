@@ -1,5 +1,9 @@
 """The ``kbwork`` command: compare, explain, run, golden, bench (``kbwork --version``; ``python -m kbwork``).
 
+The command starts at :func:`kbwork.__main__.main`, which passes the
+benchmark in: ``bench/`` ranks above this module (DESIGN §9; it uses
+:class:`ArgumentParser`), so this module never imports it.
+
 Every argument and every output path is checked before anything is
 simulated, and in data mode so is whether the run fits in the TCM (a
 one-tile timing run, milliseconds, before inputs of gigabytes are made). A
@@ -680,8 +684,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, bench: Callable[[list[str]], int] | None = None) -> int:
     """Run the ``kbwork`` command.
+
+    Args:
+        argv: the arguments (default ``sys.argv[1:]``).
+        bench: what runs ``kbwork bench ...`` with the arguments after ``bench``
+            (:func:`kbwork.bench.main`); the command's entry point,
+            :func:`kbwork.__main__.main`, passes it in. Without it, ``bench``
+            is refused with a pointer there.
 
     Returns:
         The exit status: 0 on success, 1 when ``golden --check`` finds a
@@ -697,9 +708,11 @@ def main(argv: list[str] | None = None) -> int:
     args: argparse.Namespace | None = None
     try:
         if argv[:1] == ["bench"]:
-            from .bench import main as bench_main
-
-            return bench_main(argv[1:])
+            if bench is None:
+                raise KbworkError("bench: the benchmark runs from the kbwork command's entry point: "
+                                  "`python -m kbwork bench ...` or `python -m kbwork.bench ...`; if the kbwork "
+                                  "script says this, it predates kbwork.__main__: reinstall (pip install -e .).")
+            return bench(argv[1:])
         args = build_parser().parse_args(argv)
         return args.fn(args)
     except TcmOverflowError as exc:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -412,6 +413,37 @@ def run(variant: str, *, kv_len: int = 4096, group: int = 8, head_dim: int = 128
         res.m, res.l = (r.read(n).astype(np.float32) for n in ("m", "l"))
         res.O = r.read(out).astype(np.float32)
     return res
+
+
+def what_if(params_or_run: Any, engine: str | Sequence[str] | None = None, speedup: Any = 2.0) -> pd.DataFrame:
+    """Causal profiling of a decode: :func:`kbwork.analysis.what_if`, from a run or from its parameters.
+
+    >>> from kbwork import decode
+    >>> decode.what_if(dict(variant="opt3", kv_len=4096, hazard_policy="rw_aware"), engine="PE_GEMM", speedup=2)
+
+    Args:
+        params_or_run: a dict of :func:`run` parameters including ``variant`` (run here in timing mode,
+            whatever ``mode`` it gives: a what-if re-simulates the schedule only), or a
+            :class:`DecodeRun` or :class:`~kbwork.Run` (passed on as it is).
+        engine, speedup: as :func:`kbwork.analysis.what_if`.
+
+    Returns:
+        :func:`kbwork.analysis.what_if`'s table: one row per engine.
+
+    Raises:
+        ValidationError: a bad ``engine`` or ``speedup`` (checked before anything is simulated), a dict
+            without ``variant``, a bad parameter of :func:`run`, or an input that is neither.
+    """
+    if not isinstance(params_or_run, Mapping):
+        return analysis.what_if(params_or_run, engine, speedup)
+    analysis.check_what_if(engine, speedup)
+    params = dict(params_or_run)
+    variant = params.pop("variant", None)
+    if variant is None:
+        raise ValidationError(f"decode.what_if: a dict of decode.run parameters needs 'variant' (one of "
+                              f"{', '.join(VARIANTS)}).")
+    params["mode"] = "timing"
+    return analysis.what_if(run(variant, **params), engine, speedup)
 
 
 # --- the comparison ----------------------------------------------------------------------------

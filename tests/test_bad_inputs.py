@@ -24,7 +24,7 @@ import pytest
 
 import kbwork
 from kbwork import ConfigError, KbworkError, Simulator, ValidationError, decode, load_topology
-from kbwork.cli import main as cli_main
+from kbwork.__main__ import main as cli_main  # the command's entry point (kbwork bench included)
 
 REPO = Path(kbwork.__file__).resolve().parent.parent
 
@@ -302,7 +302,8 @@ def test_to_npz_of_a_timing_run():
     _raises(lambda: r.to_npz("x.npz"), ValidationError, r"timing-mode run has no numbers.*mode='data'")
 
 
-# --- analysis.what_if ---------------------------------------------------------------------------------
+# --- analysis.what_if and decode.what_if ---------------------------------------------------------------
+BAD_WHAT_IF_RUN = Simulator(mode="timing").run(lambda tl: tl.full((1, 1), 0.0, name="x"))
 WHAT_IF_CASES = [
     pytest.param(dict(speedup=2**70), r"speedup=1180591620717411303424 is out of range; pass a real number from "
                  r"0\.001 to 1e\+06", id="speedup-2**70"),
@@ -328,8 +329,13 @@ WHAT_IF_CASES = [
 def test_bad_what_if_argument(kwargs, pattern, monkeypatch):
     from kbwork import analysis
 
-    monkeypatch.setattr(analysis, "_resolve_run", lambda x: pytest.fail("resolved (or ran) before checking"))
-    _raises(lambda: analysis.what_if(dict(variant="opt2", kv_len=256), **kwargs), ValidationError, pattern)
+    # decode.what_if from parameters: nothing may be simulated before the arguments are checked
+    monkeypatch.setattr(decode, "run", lambda *a, **k: pytest.fail("ran before checking"))
+    _raises(lambda: decode.what_if(dict(variant="opt2", kv_len=256), **kwargs), ValidationError, pattern)
+    # analysis.what_if of a run: nothing re-simulated, and the same message
+    run = BAD_WHAT_IF_RUN
+    monkeypatch.setattr(type(run), "rescaled", lambda *a, **k: pytest.fail("re-simulated before checking"))
+    _raises(lambda: analysis.what_if(run, **kwargs), ValidationError, pattern)
 
 
 def test_what_if_takes_every_real_number_type_exactly():
@@ -732,7 +738,7 @@ def test_bench_steady_without_threadpoolctl_says_so_and_runs(tmp_path, capsys, m
 ], ids=["npz-suffix", "seed", "kv-ragged", "bench-modes", "topology"])
 def test_no_traceback_reaches_the_terminal(argv, pattern, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO), MPLBACKEND="Agg")
-    p = subprocess.run([sys.executable, "-m", "kbwork.cli", *argv], cwd=tmp_path, env=env, capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "kbwork", *argv], cwd=tmp_path, env=env, capture_output=True,
                        text=True, timeout=120)
     assert p.returncode == 2, p.stderr
     assert re.search(pattern, p.stderr), p.stderr

@@ -13,7 +13,7 @@ import pytest
 
 import kbwork
 from kbwork import cli, decode
-from kbwork.cli import main
+from kbwork.__main__ import main  # the command's entry point: cli.main with the benchmark passed in
 
 REPO = Path(kbwork.__file__).resolve().parent.parent
 
@@ -37,6 +37,20 @@ def test_version_and_python_dash_m(capsys):
     p = subprocess.run([sys.executable, "-m", "kbwork", "compare", "--kv_len", "256"], env=env, capture_output=True,
                        text=True, timeout=120)
     assert p.returncode == 2 and "did you mean --kv-len?" in p.stderr and "Traceback" not in p.stderr
+    p = subprocess.run([sys.executable, "-m", "kbwork", "bench", "--help"], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0 and "usage: kbwork bench" in p.stdout
+
+
+def test_the_script_starts_at_the_entry_point_and_cli_alone_refuses_bench(capsys):
+    """``cli`` ranks below ``bench`` (DESIGN §9), so the benchmark is passed in by ``kbwork.__main__``."""
+    text = (REPO / "pyproject.toml").read_text()
+    assert 'kbwork = "kbwork.__main__:main"' in text
+    code = cli.main(["bench", "--help"])
+    _, err = capsys.readouterr()
+    assert code == 2 and err.startswith("kbwork: error: bench: the benchmark runs from the kbwork command's entry")
+    assert "python -m kbwork bench" in err and "pip install -e ." in err
+    assert cli.main(["bench", "--help"], bench=lambda argv: 7 if argv == ["--help"] else 0) == 7
 
 
 @pytest.mark.parametrize("command", ["compare", "explain", "run", "bench"])

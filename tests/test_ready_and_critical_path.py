@@ -462,8 +462,8 @@ def test_utilization_over_time_on_a_million_stages():
 
 def test_what_if_at_speedup_one_reproduces_the_baseline():
     r = decode.run("opt2", kv_len=512, mode="data")
-    for given in (r, r.run, dict(variant="opt2", kv_len=512, mode="data")):
-        wi = analysis.what_if(given, speedup=1)
+    for wi in (analysis.what_if(r, speedup=1), analysis.what_if(r.run, speedup=1), decode.what_if(r, speedup=1),
+               decode.what_if(dict(variant="opt2", kv_len=512, mode="data"), speedup=1)):
         assert list(wi.engine) == list(kbwork.oplog.ENGINE_NAMES)
         assert (wi.cycles == r.cycles).all() and (wi.baseline_cycles == r.cycles).all()
         assert (wi.change_cycles == 0).all() and (wi.end_to_end_speedup == 1).all()
@@ -485,9 +485,34 @@ def test_what_if_refuses_bad_arguments(kwargs, match):
 
 def test_what_if_refuses_what_it_cannot_run():
     with pytest.raises(kbwork.ValidationError, match="variant"):
-        analysis.what_if(dict(kv_len=512))
+        decode.what_if(dict(kv_len=512))
     with pytest.raises(kbwork.ValidationError, match="takes a Run"):
         analysis.what_if("opt2")
+    with pytest.raises(kbwork.ValidationError, match="takes a Run"):
+        decode.what_if("opt2")
+    # the parameters form lives in decode, which sits above analysis (DESIGN §9, §11)
+    with pytest.raises(kbwork.ValidationError, match=r"not dict \(for a dict of decode.run parameters, use "
+                                                     r"decode.what_if\)"):
+        analysis.what_if(dict(variant="opt2", kv_len=512))
+
+
+def test_every_analysis_of_a_run_takes_the_run_or_what_holds_it():
+    r = decode.run("opt2", kv_len=512, mode="timing")
+    for given in (r, r.run):
+        pd.testing.assert_frame_equal(analysis.utilization(given), analysis.utilization(r.op_log))
+        pd.testing.assert_frame_equal(analysis.utilization_over_time(given, bins=7),
+                                      analysis.utilization_over_time(r.op_log, bins=7))
+        pd.testing.assert_series_equal(analysis.dispatch_per_tile(given), analysis.dispatch_per_tile(r.op_log))
+        pd.testing.assert_series_equal(analysis.dispatch_per_tile_from_run(given), r.dispatch_per_tile)
+        pd.testing.assert_frame_equal(analysis.attribution(given), analysis.attribution(r.run))
+        pd.testing.assert_frame_equal(analysis.waits(given), analysis.waits(r.run))
+        pd.testing.assert_frame_equal(analysis.top_waits(given), analysis.top_waits(r.run))
+        assert analysis.path_cycles(given) == analysis.path_cycles(r.run)
+        assert analysis.explain(given, "x").sentence == analysis.explain(r.run, "x").sentence
+    with pytest.raises(kbwork.ValidationError, match="expected an op_log"):
+        analysis.utilization("opt2")
+    with pytest.raises(kbwork.ValidationError, match="expected a Run"):
+        analysis.waits("opt2")
 
 
 def test_what_if_slowing_the_cpu_moves_a_dispatch_bound_run():

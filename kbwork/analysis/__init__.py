@@ -8,7 +8,11 @@ simulation; the two must agree exactly.
 Where the time goes (DESIGN.md §11), data in, data out: :func:`utilization`
 and :func:`utilization_over_time` read an op_log; :func:`attribution`,
 :func:`waits` and :func:`what_if` read a run (its critical path, its holds,
-its program) and return DataFrames.
+its program) and return DataFrames. Every function that reads a run takes a
+:class:`~kbwork.Run` or anything whose ``.run`` is one (a ``decode.DecodeRun``);
+those that read an op_log take one of those too. This package sits below
+``decode`` and ``model`` (DESIGN §9): they import it, never the other way, so
+running a decode from parameters first is ``decode.what_if``'s job.
 """
 
 from __future__ import annotations
@@ -26,12 +30,31 @@ from ..errors import ValidationError
 from ..oplog import ENGINE_NAMES, check_schema, engine_tracks, require_columns
 from ..pe.commands import Command, dispatch_cycles
 from ..device import CAUSES, simulate
+from ..sim import Run
 
 GATE_FACTOR = 2.0
 
 
+def _run_of(x: Any) -> Run | None:
+    """``x`` if it is a :class:`~kbwork.Run`, its ``.run`` if that is one (a ``decode.DecodeRun``), else None."""
+    if isinstance(x, Run):
+        return x
+    inner = getattr(x, "run", None)
+    return inner if isinstance(inner, Run) else None
+
+
+def _op_log_of(x: Any) -> Any:
+    """The op_log of a Run (or of anything whose ``.run`` is one); anything else as given, for the
+    caller's check to name."""
+    run = None if isinstance(x, pd.DataFrame) else _run_of(x)
+    return x if run is None else run.op_log
+
+
 def dispatch_per_tile(op_log: pd.DataFrame) -> pd.Series:
     """Sum of DISPATCH cycles of the commands labelled with each tile's ``iter`` (iter >= 0).
+
+    Args:
+        op_log: an op_log, or a Run (or anything whose ``.run`` is one) to read it from.
 
     Returns:
         A Series indexed by iter, named ``dispatch_cycles``.
@@ -39,6 +62,7 @@ def dispatch_per_tile(op_log: pd.DataFrame) -> pd.Series:
     Raises:
         ValidationError: ``op_log`` is not an op_log.
     """
+    op_log = _op_log_of(op_log)
     check_schema(op_log)
     d = op_log[(op_log["stage"] == "DISPATCH") & (op_log["iter"] >= 0)]
     s = (d["end"] - d["start"]).groupby(d["iter"]).sum()
@@ -58,7 +82,9 @@ def _sum_by_iter(values: np.ndarray, iters: np.ndarray, name: str) -> pd.Series:
 
 
 def dispatch_per_tile_from_run(run) -> pd.Series:
-    """:func:`dispatch_per_tile` computed from a :class:`~kbwork.Run` without building its op_log."""
+    """:func:`dispatch_per_tile` computed from a :class:`~kbwork.Run` (or anything whose ``.run`` is one)
+    without building its op_log."""
+    run = _resolve_run_only(run)
     return _sum_by_iter(run.dispatch_cycles(), np.asarray(run.program.iters, dtype=np.int64), "dispatch_cycles")
 
 
@@ -153,6 +179,9 @@ def ratio_grid(bytes_opt2: Sequence[int], bytes_opt3: Sequence[int], fixed_value
 def utilization(op_log: pd.DataFrame) -> pd.DataFrame:
     """How busy each engine unit was over the run.
 
+    Args:
+        op_log: an op_log, or a Run (or anything whose ``.run`` is one) to read it from.
+
     Returns:
         One row per engine unit in track order (each DMA channel its own;
         with a categorical ``engine`` column, every unit of the run, used or
@@ -160,6 +189,7 @@ def utilization(op_log: pd.DataFrame) -> pd.DataFrame:
         ``end - start``) and ``busy_fraction`` (busy cycles over the run's
         cycles, the last ``end``; 0 for an empty run).
     """
+    op_log = _op_log_of(op_log)
     require_columns(op_log, ("engine", "start", "end"), "utilization")
     tracks = engine_tracks(op_log["engine"])
     codes = pd.Categorical(op_log["engine"], categories=tracks).codes
@@ -176,7 +206,7 @@ def utilization_over_time(op_log: pd.DataFrame, bins: int | Sequence[float] = 10
     """Busy fraction of each engine unit in each time bin.
 
     Args:
-        op_log: an op_log.
+        op_log: an op_log, or a Run (or anything whose ``.run`` is one) to read it from.
         bins: a number of equal bins from cycle 0 to the run's last cycle, or
             the increasing bin edges in cycles.
 
@@ -190,6 +220,7 @@ def utilization_over_time(op_log: pd.DataFrame, bins: int | Sequence[float] = 10
     Raises:
         ValidationError: ``bins`` is not a positive int or increasing edges.
     """
+    op_log = _op_log_of(op_log)
     require_columns(op_log, ("engine", "start", "end"), "utilization_over_time")
     tracks = engine_tracks(op_log["engine"])
     cycles = int(op_log["end"].max()) if len(op_log) else 0
@@ -472,29 +503,6 @@ def waits(run) -> pd.DataFrame:
     return out
 
 
-def _resolve_run(run_or_params: Any):
-    """A :class:`~kbwork.Run` from a Run, a ``decode.DecodeRun`` or a dict of ``decode.run`` parameters."""
-    from ..sim import Run
-
-    if isinstance(run_or_params, Run):
-        return run_or_params
-    inner = getattr(run_or_params, "run", None)
-    if isinstance(inner, Run):
-        return inner
-    if isinstance(run_or_params, dict):
-        from .. import decode  # here, not at the top: decode imports this module
-
-        params = dict(run_or_params)
-        variant = params.pop("variant", None)
-        if variant is None:
-            raise ValidationError("what_if: a dict of decode.run parameters needs 'variant' "
-                                  f"(one of {', '.join(decode.VARIANTS)}).")
-        params["mode"] = "timing"
-        return decode.run(variant, **params).run
-    raise ValidationError(f"what_if takes a Run, a decode.DecodeRun or a dict of decode.run parameters, "
-                          f"not {type(run_or_params).__name__}.")
-
-
 #: The range of :func:`what_if`'s ``speedup``: from an engine a thousand times slower to a million times
 #: faster (beyond that every stage of it takes one cycle anyway; a slower engine would push cycle counts
 #: of long runs towards the int64 the timeline counts in).
@@ -559,7 +567,21 @@ def _engine_names(engine: Any) -> list[str]:
     return [str(name) for name in names]
 
 
-def what_if(run_or_params: Any, engine: str | Sequence[str] | None = None, speedup: float = 2.0) -> pd.DataFrame:
+def check_what_if(engine: str | Sequence[str] | None = None, speedup: Any = 2.0) -> tuple[list[str], Fraction]:
+    """The arguments of :func:`what_if` checked, before anything is simulated (``decode.what_if`` checks
+    them before it runs a decode).
+
+    Returns:
+        The engine names to re-simulate and the speedup as the exact fraction it is written as.
+
+    Raises:
+        ValidationError: as :func:`what_if`'s, for ``engine`` and ``speedup``.
+    """
+    factor = _speedup_fraction(speedup)
+    return _engine_names(engine), factor
+
+
+def what_if(run: Any, engine: str | Sequence[str] | None = None, speedup: float = 2.0) -> pd.DataFrame:
     """Causal profiling: re-simulate with one engine's stages ``speedup`` times faster.
 
     The run's own program is re-simulated in timing mode (the same stages,
@@ -570,9 +592,9 @@ def what_if(run_or_params: Any, engine: str | Sequence[str] | None = None, speed
     the engine down. A DMA speedup applies to every channel.
 
     Args:
-        run_or_params: a :class:`~kbwork.Run`, a ``decode.DecodeRun`` (its
-            ``.run``) or a dict of ``decode.run`` parameters including
-            ``variant`` (run in timing mode first).
+        run: a :class:`~kbwork.Run`, or anything whose ``.run`` is one (a
+            ``decode.DecodeRun``). To start from a dict of ``decode.run``
+            parameters, use ``decode.what_if``.
         engine: an engine name (``"PE_DMA"``, ``"PE_GEMM"``, ...), a list of
             them, or ``None`` for every engine (one row each).
         speedup: a real number of any type (int, float, numpy, ``Fraction``)
@@ -589,9 +611,13 @@ def what_if(run_or_params: Any, engine: str | Sequence[str] | None = None, speed
             number, not finite, or out of :data:`SPEEDUP_RANGE`, or an input that is none of the above;
             checked before anything is simulated.
     """
-    factor = _speedup_fraction(speedup)
-    names = _engine_names(engine)
-    run = _resolve_run(run_or_params)
+    names, factor = check_what_if(engine, speedup)
+    resolved = _run_of(run)
+    if resolved is None:
+        how = " (for a dict of decode.run parameters, use decode.what_if)" if isinstance(run, dict) else ""
+        raise ValidationError(f"what_if takes a Run or anything whose .run is one (a decode.DecodeRun), "
+                              f"not {type(run).__name__}{how}.")
+    run = resolved
     rows = []
     for name in names:
         cycles = run.rescaled(ENGINE_NAMES.index(name), factor).cycles
@@ -764,10 +790,7 @@ def explain(run_or_decode_run: Any, name: str | None = None, *, top: int = 5,
     Raises:
         ValidationError: not a run, or a bad ``top`` or ``saturated``.
     """
-    from ..sim import Run
-
-    inner = getattr(run_or_decode_run, "run", None)
-    run = run_or_decode_run if isinstance(run_or_decode_run, Run) else inner if isinstance(inner, Run) else None
+    run = _run_of(run_or_decode_run)
     if run is None:
         raise ValidationError(f"explain takes a Run or a decode.DecodeRun, not {type(run_or_decode_run).__name__}.")
     if isinstance(saturated, bool) or not isinstance(saturated, numbers.Real) or not 0 < saturated <= 1:
@@ -875,14 +898,11 @@ def attribution_table(explanations: Any) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def _resolve_run_only(x: Any):
-    from ..sim import Run
-
-    inner = getattr(x, "run", None)
-    if isinstance(x, Run):
-        return x
-    if isinstance(inner, Run):
-        return inner
+def _resolve_run_only(x: Any) -> Run:
+    """:func:`_run_of` ``x``, or a ValidationError naming what was given."""
+    run = _run_of(x)
+    if run is not None:
+        return run
     raise ValidationError(f"expected a Run, a decode.DecodeRun or an Explanation, not {type(x).__name__}.")
 
 
