@@ -679,6 +679,10 @@ def build_parser() -> argparse.ArgumentParser:
     grp.add_argument("--update", action="store_true", help="rewrite every golden (on purpose only)")
     g.set_defaults(fn=cmd_golden)
 
+    from .model.cli import add_parser as add_step
+
+    add_step(sub)  # kbwork step: a model's decode step (DESIGN.md §15)
+
     b = sub.add_parser("bench", help="timing benchmark (stages simulated per second)", add_help=False)
     b.set_defaults(fn=None)
     return p

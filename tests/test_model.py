@@ -11,29 +11,34 @@ import kbwork
 from kbwork import ConfigError, ValidationError, decode
 from kbwork import model as mdl
 from kbwork.model import Model, assign_tasks, gemm, load_device, load_host
-from kbwork.model.device import DEVICE_V1_KEYS, _attention, task_topology
+from kbwork.model.device import attention_run
 
 #: A 3-layer model small enough to simulate layer by layer in a test.
 TINY = Model("tiny", layers=3, hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=512, vocab=1000)
 H200 = load_host()
 
 
-def test_the_default_device_is_ahbm_device_v1_s_keys_over_ahbm_pe_v1():
+def test_the_default_device_is_ahbm_device_v1():
     d = load_device()
-    assert (d.pes, d.hbm_channels, d.channel_bytes_per_cycle) == (96, 96, 40) == tuple(DEVICE_V1_KEYS.values())
-    assert d.pe == kbwork.load_topology("ahbm-device-v1") and d.name == "ahbm-device-v1"
-    assert task_topology(d) == d.pe.replace(dma_bytes_per_cycle=40)   # min(64, 40)
-    assert task_topology(load_device(channel_bytes_per_cycle=float("inf"))).dma_bytes_per_cycle == 64
+    assert (d.pes, d.hbm_channels, d.channel_bytes_per_cycle) == (96, 96, 40)
+    assert d.topology == kbwork.load_topology("ahbm-device-v1") and d.name == "ahbm-device-v1"
+    assert d.pe == d.topology.replace(pes=1, hbm_channels=1)
+    # every key but the device's are ahbm-pe-v1's (DESIGN §14)
+    keys = {k: v for k, v in d.topology.to_dict().items() if k not in ("name", "pes", "hbm_channels",
+                                                                        "channel_bytes_per_cycle")}
+    assert keys == {k: v for k, v in kbwork.load_topology().to_dict().items() if k in keys}
     one = load_device(kbwork.load_topology(fixed_cycles=80))                    # a Topology: one PE, §14's defaults
     assert (one.pes, one.hbm_channels, one.pe.fixed_cycles) == (1, 1, 80)
     assert load_device(d, pes=8, hbm_channels=8, fixed_cycles=0).pe.fixed_cycles == 0
     assert "96 PEs" in repr(d) and "96 channels x 40 B/cycle" in repr(d)
+    with pytest.raises(ConfigError, match="multiple of hbm_channels"):
+        load_device(pes=8, hbm_channels=3)
 
 
 def test_a_one_task_step_s_attention_is_a_plain_decode_run():
     s = mdl.step(TINY.replace(kv_heads=1), [1000], pes=1, hbm_channels=1, tile=128)
     want = decode.run("opt2", kv_len=1024, group=4, head_dim=64, tile=128, mode="timing",
-                      topology=kbwork.load_topology(dma_bytes_per_cycle=40)).cycles
+                      topology=kbwork.load_topology("ahbm-device-v1", pes=1, hbm_channels=1)).cycles
     assert len(s.tasks) == 1 and s.attention_cycles == want
     assert s.attention_runs[0].per_pe_cycles == (want,)
 
@@ -41,7 +46,7 @@ def test_a_one_task_step_s_attention_is_a_plain_decode_run():
 def test_a_pe_runs_its_tasks_back_to_back_and_the_layer_is_the_busiest_pe():
     contexts = [300, 1000, 128]
     s = mdl.step(TINY, contexts, variant="opt3", pes=4, hbm_channels=4, tile=128)
-    topo = kbwork.load_topology(dma_bytes_per_cycle=40)
+    topo = kbwork.load_topology("ahbm-device-v1", pes=1, hbm_channels=1)
     one = {n: decode.run("opt3", kv_len=n, group=2, head_dim=64, tile=128, mode="timing", topology=topo).cycles
            for n in (384, 1024, 128)}
     # tasks (s, h): (0,0) PE0 384, (0,1) PE1 384, (1,0) PE2 1024, (1,1) PE3 1024, (2,0) PE0 128, (2,1) PE1 128
@@ -49,7 +54,7 @@ def test_a_pe_runs_its_tasks_back_to_back_and_the_layer_is_the_busiest_pe():
     run = s.attention_runs[0]
     assert run.per_pe_cycles == per_pe and s.attention_cycles == max(per_pe) == run.cycles
     assert run.busiest_pe == int(np.argmax(per_pe))
-    assert sorted(s.decode_runs) == sorted(("opt3", n, 2, 64, 128) for n in one)   # each context simulated once
+    assert s.attention is run.run and sorted(s.attention.pes) == [0, 1, 2, 3]
     assert [t.pe for t in s.tasks] == [0, 1, 2, 3, 0, 1]
 
 
@@ -67,7 +72,7 @@ def test_attention_is_never_shorter_than_its_busiest_channel():
 def _layer_by_hand(m: Model, contexts, device, variant: str, tile: int) -> float:
     """One layer simulated on its own: its attention on a fresh device run, its GEMMs by the roofline."""
     tasks = assign_tasks(contexts, kv_heads=m.kv_heads, pes=device.pes, tile=tile)
-    cycles, _ = _attention(tasks, device, variant, tile, group=m.group, head_dim=m.head_dim)
+    cycles = attention_run(tasks, device, variant, tile, group=m.group, head_dim=m.head_dim).cycles
     b = len(contexts)
     gemms = [gemm(H200, b, m.hidden, (m.heads + 2 * m.kv_heads) * m.head_dim),
              gemm(H200, b, m.heads * m.head_dim, m.hidden), gemm(H200, b, m.hidden, 2 * m.ffn),
@@ -95,7 +100,7 @@ def test_ping_pong_layers_simulated_one_by_one_give_the_step():
         prev = ()
         for layer in range(TINY.layers):   # every layer's attention its own device run
             tasks = assign_tasks(part, kv_heads=2, pes=4, tile=128, first_sequence=first)
-            cycles, _ = _attention(tasks, device, "opt2", 128, group=2, head_dim=64)
+            cycles = attention_run(tasks, device, "opt2", 128, group=2, head_dim=64).cycles
             g = {n: gemm(H200, len(part), *shape).seconds for n, shape in
                  (("qkv", (256, 512)), ("o", (256, 256)), ("up", (256, 1024)), ("down", (512, 256)))}
             q, a, o = f"q{h}{layer}", f"a{h}{layer}", f"o{h}{layer}"
@@ -217,12 +222,10 @@ def test_bad_contexts_are_validation_errors_naming_the_entry(contexts, match):
     (dict(host={"handoff": 1}), ConfigError, r"unknown host key 'handoff'.*Did you mean 'handoff_us'"),
     (dict(host="h100"), ConfigError, "host 'h100' not found"),
     (dict(fixed_cycle=1), ConfigError, r"unknown topology key 'fixed_cycle'.*Did you mean 'fixed_cycles'"),
-    (dict(pes=0), ConfigError, "device key 'pes' must be a positive integer"),
-    (dict(pes=96, hbm_channels=48), ValidationError, "shared channels are not modelled yet"),
-    (dict(pes=96, hbm_channels=64), ConfigError, r"'pes' \(96\) must be a multiple of 'hbm_channels' \(64\)"),
-    (dict(channel_bytes_per_cycle=0), ConfigError, "'channel_bytes_per_cycle' must be a positive number"),
-    (dict(channel_bytes_per_cycle=40.5), ValidationError, "not a whole number"),
-    (dict(dma_channels=2), ValidationError, "shared channels are not modelled yet: 2 DMA units"),
+    (dict(pes=0), ConfigError, "topology key 'pes' is 0; it must be positive"),
+    (dict(pes=96, hbm_channels=64), ConfigError, r"'pes' \(96\) and 'hbm_channels' \(64\): pes must be a multiple"),
+    (dict(channel_bytes_per_cycle=0), ConfigError, "'channel_bytes_per_cycle' is 0; it must be positive"),
+    (dict(channel_bytes_per_cycle="fast"), ConfigError, "'channel_bytes_per_cycle' must be a positive number or inf"),
     (dict(device=3), ConfigError, "topology must be a name"),
 ])
 def test_bad_settings_are_typed_errors_naming_the_thing(kw, error, match):
@@ -247,3 +250,21 @@ def test_bad_models_and_compare_arguments_are_typed_errors():
     s = mdl.step("llama-3-8b", [512], placement="host", schedule="ping_pong")
     assert s.schedule == "serial" and "host placement is serial" in s.notes[0]
     assert isinstance(s.timeline, pd.DataFrame)
+
+
+def test_a_step_s_attention_is_its_device_run_and_equals_the_plain_simulation():
+    """PEs sharing channels (2 per channel) and uneven task lists: the attention is the device run, with every
+    reduction, equal to the plain simulation of the same launches."""
+    from kbwork.model.device import attention_run
+
+    contexts = [1000, 300, 2000, 700, 128]
+    s = mdl.step(TINY, contexts, variant="opt3", pes=4, hbm_channels=2, channel_bytes_per_cycle=64)
+    run = s.attention
+    device = load_device(pes=4, hbm_channels=2, channel_bytes_per_cycle=64)
+    plain = attention_run(s.tasks, device, "opt3", 128, group=TINY.group, head_dim=TINY.head_dim,
+                          steady_state=False, reductions=False)
+    assert run.to_csv() == plain.to_csv() and s.attention_cycles == plain.cycles == run.cycles
+    assert sorted(set(run.op_log.pe)) == [0, 1, 2, 3]
+    assert run.reductions.contended_channels == (0, 1)
+    assert s.attention_runs[0].cycles >= s.attention_runs[0].channel_bound_cycles
+    assert "ahbm" in s.bound or s.bound_kind != "ahbm"

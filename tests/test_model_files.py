@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+import kbwork
+
 from kbwork import ConfigError
 from kbwork.model import Host, Model, load_host, load_model
 from kbwork.model.files import HOST_KEYS, HOSTS_DIR, MODEL_KEYS, MODELS_DIR
@@ -162,8 +164,9 @@ def test_docs_give_every_host_key_with_its_value_and_source(key):
 
 
 def test_docs_give_every_device_key():
-    from kbwork.model.device import DEVICE_KEYS, DEVICE_V1_KEYS
+    from kbwork.model.device import DEVICE_KEYS
 
+    device = kbwork.load_topology("ahbm-device-v1")
     for key in DEVICE_KEYS:
         (row,) = _doc_rows(key, "Device keys")
-        assert row[1] == str(DEVICE_V1_KEYS[key])
+        assert float(row[1]) == getattr(device, key)

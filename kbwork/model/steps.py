@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ValidationError
-from .device import DEVICE_V1, Device, _attention, load_device, task_kv_bytes
+from .device import DEVICE_V1, Device, attention_run, channel_bound_cycles, load_device, per_pe_cycles
 from .files import Host, Model, load_host, load_model
 from .host import HOST_BANDWIDTH, HOST_FLOPS, LAYER_GEMMS, LM_HEAD, Gemm, HostAttention, host_attention, \
     layer_gemms, lm_head
@@ -93,11 +93,13 @@ class AttentionRun:
     Attributes:
         half: ``""`` (the whole batch), ``"A"`` or ``"B"``.
         tasks: its tasks, mapped from PE 0.
-        cycles: the layer's attention, PE cycles (the busiest PE's).
-        per_pe_cycles: each PE's cycles (0 for an idle PE).
+        cycles: the layer's attention, PE cycles (the device run's end).
+        per_pe_cycles: each PE's last cycle (0 for an idle PE).
         seconds: ``cycles`` at the PE clock.
         channel_bound_cycles: the busiest channel's KV bytes / ``channel_bytes_per_cycle`` (0 when the
             channel is unconstrained): no run can be shorter.
+        run: the device ``Run`` (op_log with its ``pe`` column, critical path, steady state, reductions; what
+            ``kbwork.analysis`` reads).
     """
 
     half: str
@@ -106,21 +108,17 @@ class AttentionRun:
     per_pe_cycles: tuple[int, ...]
     seconds: float
     channel_bound_cycles: float
+    run: Any = None
 
     @property
     def busiest_pe(self) -> int:
         """The PE that sets ``cycles`` (the lowest-numbered one on a tie)."""
         return int(np.argmax(self.per_pe_cycles))
 
-
-def _channel_bound(tasks: Sequence[Task], device: Device, head_dim: int) -> float:
-    if math.isinf(device.channel_bytes_per_cycle):
-        return 0.0
-    per_channel: dict[int, int] = {}
-    for t in tasks:
-        c = device.home_channel(t.pe)
-        per_channel[c] = per_channel.get(c, 0) + task_kv_bytes(t, head_dim)
-    return max(per_channel.values(), default=0) / device.channel_bytes_per_cycle
+    def __repr__(self) -> str:
+        half = f" half {self.half}" if self.half else ""
+        return (f"AttentionRun({len(self.tasks)} tasks{half}: {self.cycles} cycles, busiest PE {self.busiest_pe}, "
+                f"channel bound {self.channel_bound_cycles:.0f})")
 
 
 @dataclass(frozen=True)
@@ -158,14 +156,15 @@ class Step:
         attention_cycles: PE cycles of one layer's attention (summed over the halves under ping-pong);
             ``None`` for the host placement.
         host_attention: the host placement's :class:`HostAttention` per layer, else ``None``.
+        attention: the device ``Run`` of one layer's attention (half A's under ping-pong; both are in
+            ``attention_runs``), ``None`` for the host placement.
         timeline: the schedule, one row per task: ``task, half, layer, phase, resource, start, end`` (µs).
-        decode_runs: the timing-mode ``DecodeRun`` of every distinct task (by padded context).
         notes: what the step did that was not asked for in so many words.
     """
 
     def __init__(self, *, model: Model, host: Host, device: Device, contexts: tuple[int, ...], variant: str,
                  placement: str, schedule: str, tile: int, halves: list[_Half], timeline: pd.DataFrame,
-                 seconds: float, decode_runs: dict, notes: tuple[str, ...]):
+                 seconds: float, notes: tuple[str, ...]):
         self.model, self.host, self.device, self.contexts = model, host, device, contexts
         self.batch = len(contexts)
         self.variant, self.placement, self.schedule, self.tile = variant, placement, schedule, tile
@@ -173,12 +172,12 @@ class Step:
         self.timeline = timeline
         self.seconds = seconds
         self.tokens_per_s = self.batch / seconds
-        self.decode_runs = decode_runs
         self.notes = notes
         self.padding = Padding.of(contexts, tile)
         self.attention_runs = tuple(h.attention for h in halves if h.attention is not None)
         self.tasks = tuple(t for r in self.attention_runs for t in r.tasks)
         self.attention_cycles = sum(r.cycles for r in self.attention_runs) if self.attention_runs else None
+        self.attention = self.attention_runs[0].run if self.attention_runs else None
         self.host_attention = halves[0].host_attention
         self.breakdown = self._breakdown()
         self.shares = self._shares()
@@ -234,8 +233,8 @@ class Step:
 
     @property
     def bound(self) -> str:
-        """What bounds the step: the largest of :attr:`shares`; for ``"ahbm"`` with the bound of the
-        busiest PE's longest task (``kbwork explain``'s, of that task's run)."""
+        """What bounds the step: the largest of :attr:`shares`; for ``"ahbm"`` with the bound of the longest
+        attention run (``kbwork explain``'s, of that device run)."""
         if self._bound is None:
             self._bound = self.bound_kind
             if self.bound_kind == AHBM and self.attention_runs:
@@ -243,13 +242,11 @@ class Step:
 
                 run = max(self.attention_runs, key=lambda r: r.cycles)
                 pe = run.busiest_pe
-                mine = [t for t in run.tasks if t.pe == pe]
-                longest = max(mine, key=lambda t: t.padded_context)
-                key = (self.variant, longest.padded_context, self.model.group, self.model.head_dim, self.tile)
-                short = analysis.explain(self.decode_runs[key]).short
-                runs = (f"runs {len(mine)} tasks back to back; the longest ({longest.padded_context} keys) is"
-                        if len(mine) > 1 else f"runs 1 task ({longest.padded_context} keys),")
-                self._bound = f"ahbm: busiest PE {pe} {runs} {short}"
+                mine = sum(1 for t in run.tasks if t.pe == pe)
+                dev = run.run
+                target = dev.pe(dev.last_pe()) if hasattr(dev, "last_pe") else dev
+                self._bound = (f"ahbm: busiest PE {pe} ({mine} task{'s' if mine > 1 else ''}); "
+                               f"{analysis.explain(target).short}")
         return self._bound
 
     @property
@@ -304,7 +301,8 @@ def step(model: str | Model, contexts: Sequence[int], *, variant: str = "opt2", 
         contexts: one KV length per sequence (the new token included); each is padded to ``tile`` on the
             device.
         variant: the decode variant every task runs (placement ``"ahbm"``).
-        device: ``"ahbm-device-v1"``, a topology name or path, a Topology, or a Device.
+        device: ``"ahbm-device-v1"``, a topology name or path, a Topology (with the device keys of DESIGN.md
+            §14), or a Device.
         host: a host name or path, a mapping of host keys over ``h200``'s, or a Host.
         placement: ``"ahbm"`` (attention on the device) or ``"host"`` (the GPU alone).
         schedule: ``"serial"`` or ``"ping_pong"`` (placement ``"ahbm"``; the host placement is serial).
@@ -316,8 +314,7 @@ def step(model: str | Model, contexts: Sequence[int], *, variant: str = "opt2", 
         A :class:`Step`.
 
     Raises:
-        ValidationError: bad contexts, variant, placement, schedule or tile; shared channels (more PEs
-            than channels), which are not modelled yet.
+        ValidationError: bad contexts, variant, placement, schedule or tile.
         ConfigError: a bad model, host, device or key.
     """
     where = "model.step"
@@ -330,7 +327,6 @@ def step(model: str | Model, contexts: Sequence[int], *, variant: str = "opt2", 
     ctx = check_contexts(contexts, tile, where)
     dev = load_device(device, **overrides)
     notes: list[str] = []
-    decode_runs: dict = {}
     halves: list[_Half] = []
     if placement == "host":
         if schedule != "serial":
@@ -350,10 +346,9 @@ def step(model: str | Model, contexts: Sequence[int], *, variant: str = "opt2", 
             if not part:
                 continue
             tasks = assign_tasks(part, kv_heads=m.kv_heads, pes=dev.pes, tile=tile, first_sequence=first)
-            cycles, per_pe = _attention(tasks, dev, variant, tile, group=m.group, head_dim=m.head_dim,
-                                        runs=decode_runs)
-            run = AttentionRun(name, tasks, cycles, per_pe, cycles / dev.clock_hz,
-                               _channel_bound(tasks, dev, m.head_dim))
+            drun = attention_run(tasks, dev, variant, tile, group=m.group, head_dim=m.head_dim)
+            run = AttentionRun(name, tasks, drun.cycles, per_pe_cycles(drun, dev.pes), drun.cycles / dev.clock_hz,
+                               channel_bound_cycles(tasks, dev, m.head_dim), drun)
             halves.append(_Half(name, len(part), layer_gemms(m, h, len(part)), lm_head(m, h, len(part)),
                                 run.seconds, run, None))
         costs = [_costs(x, "device", h.handoff_s) for x in halves]
@@ -361,8 +356,7 @@ def step(model: str | Model, contexts: Sequence[int], *, variant: str = "opt2", 
     seconds = serial_seconds(m.layers, costs[0]) if len(costs) == 1 else float(timeline["end"].max())
     timeline[["start", "end"]] *= 1e6
     return Step(model=m, host=h, device=dev, contexts=ctx, variant=variant, placement=placement, schedule=schedule,
-                tile=tile, halves=halves, timeline=timeline, seconds=seconds,
-                decode_runs=decode_runs, notes=tuple(notes))
+                tile=tile, halves=halves, timeline=timeline, seconds=seconds, notes=tuple(notes))
 
 
 def _costs(half: _Half, resource: str, handoff: float) -> HalfCosts:

@@ -20,7 +20,7 @@ import pandas as pd
 
 from ..config import Topology
 from ..errors import ConfigError, ValidationError
-from .device import DEVICE_KEYS, DEVICE_V1, load_device, task_topology
+from .device import DEVICE_KEYS, DEVICE_V1, load_device
 from .files import HOST_KEYS, load_host, load_model
 from .schedule import SCHEDULES
 from .steps import AHBM, COMPARE_COLUMNS, DEFAULT_VARIANTS, NO_VARIANT, _check_choice, _check_tile, \
@@ -136,12 +136,10 @@ def _check_axis_value(name: str, val: Any, base_host: Any, base_device: Any) -> 
         elif name in _HOST_AXES:
             base_host.replace(**{name: val})
         elif name in ("pes", "hbm_channels"):  # alone here; against each other per point
-            dataclasses.replace(base_device, **{"pes": 1, "hbm_channels": 1, name: val} if name == "pes" else
+            base_device.replace(**{"pes": val, "hbm_channels": 1} if name == "pes" else
                                 {"pes": val, "hbm_channels": val})
-        elif name in DEVICE_KEYS:
-            dataclasses.replace(base_device, **{name: val})
         else:
-            base_device.pe.replace(**{name: val})
+            base_device.replace(**{name: val})
     except ConfigError as exc:
         raise ConfigError(f"sweep: axis {name!r}: {exc}") from None
 
@@ -155,8 +153,6 @@ def _point_config(point: dict, base_host: Any, base_device: Any, on_device: bool
     check_contexts([point["context"]], tile, "sweep")
     h = base_host.replace(**host_keys) if host_keys else base_host
     d = load_device(base_device, **dev_keys)
-    if on_device:
-        task_topology(d)  # shared channels: say so before the sweep starts
     return h, d, dev_keys
 
 
