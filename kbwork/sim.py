@@ -523,6 +523,9 @@ class Run:
         The same numbers as the op_log's DISPATCH rows (``end - start``),
         without building the op_log.
         """
+        tl = self.timeline
+        if hasattr(tl, "dispatch_cycles"):  # a steady-state run: from the simulated commands, repeated
+            return tl.dispatch_cycles()
         d = np.asarray(self.program.dispatch_seq, dtype=np.int64)
         return self._end[d] - self._start[d]
 

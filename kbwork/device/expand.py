@@ -325,13 +325,15 @@ class ExpandedSchedule:
 
     def _iters(self) -> np.ndarray:
         ex, ct = self._ex, self._ex.sched.ctab
-
-        def copy(block: np.ndarray, x, m: int) -> np.ndarray:
+        iters = np.asarray(ct.iter, np.int64)
+        for x in reversed(ex.ins):  # copy m of a block: each command's label moves m·p iterations times its slope
+            block = iters[x.c1:x.c2]
             slope = np.array([(it.a if isinstance(it := x.loop.iters[ct.body[c]], Index) else 0)
                               for c in range(x.c1, x.c2)], np.int64)
-            return block + slope * (m * x.p)
-        return _grow(np.asarray(ct.iter, np.int64), ex.ins, lambda x: x.c1, lambda x: x.c2, lambda x: 0,
-                     copy=copy)
+            steps = np.arange(1, x.k + 1, dtype=np.int64) * x.p
+            reps = (block[None, :] + slope[None, :] * steps[:, None]).ravel()
+            iters = np.concatenate([iters[:x.c2], reps, iters[x.c2:]])
+        return iters
 
     def _labels(self) -> list:
         ex, ct = self._ex, self._ex.sched.ctab
@@ -372,6 +374,12 @@ class ExpandedTimeline:
 
     def __repr__(self) -> str:
         return f"Timeline({self._ex.n_stages} stages; steady state)"
+
+    def dispatch_cycles(self) -> np.ndarray:
+        """Each command's DISPATCH cycles in the full run, from the simulated commands' (a copy's are its
+        block's): no stage array of the full run is built."""
+        d = np.asarray(self._ex.sched.ctab.dispatch_seq, dtype=np.int64)
+        return self._ex.commands(self._tl.end[d] - self._tl.start[d])
 
     start = cached_property(lambda self: self._ex.stages(self._tl.start, "t"))
     end = cached_property(lambda self: self._ex.stages(self._tl.end, "t"))
