@@ -491,7 +491,19 @@ class Run:
     def stage_channels(self) -> np.ndarray:
         """The HBM channel each stage moves bytes on, aligned with the op_log's rows (-1 for a stage that is not
         a DMA of an HBM tensor)."""
-        return np.asarray(self.program.table.chan, dtype=np.int64)
+        chan = np.asarray(self.program.table.chan, dtype=np.int64)
+        # a PE replicated from an identical group shares that group's stage table, whose channels are the
+        # source's: an identical group may sit on other channels (they are compared relative to the group), so
+        # map each through the tensors the replica renames, source tensor -> this PE's
+        rename = getattr(self.program.table, "_rename", None)
+        if rename and len(chan):
+            names = self._hbm_names
+            lut = np.arange(max(int(chan.max()), 0) + 1, dtype=np.int64)
+            for src, own in rename.items():
+                if src in names and own in names and names[src].channel < len(lut):
+                    lut[names[src].channel] = names[own].channel
+            chan = np.where(chan >= 0, lut[np.maximum(chan, 0)], chan)
+        return chan
 
     @property
     def pes(self) -> list[int]:
