@@ -26,6 +26,9 @@ from ..errors import ValidationError
 from ..oplog import ENGINE_NAMES, check_schema, engine_tracks, require_columns
 from ..pe.commands import Command, dispatch_cycles
 from ..device import CAUSES, simulate
+from . import per_pe as _per_pe
+from .channels import (CONTENDED, channel_steps, channels, channels_over_time, contention,  # noqa: F401
+                       path_contention)
 
 GATE_FACTOR = 2.0
 
@@ -150,17 +153,30 @@ def ratio_grid(bytes_opt2: Sequence[int], bytes_opt3: Sequence[int], fixed_value
 
 
 # --- where the time goes (DESIGN §11) ------------------------------------------------------------------
-def utilization(op_log: pd.DataFrame) -> pd.DataFrame:
+def utilization(op_log: pd.DataFrame, *, per_pe: bool | None = None) -> pd.DataFrame:
     """How busy each engine unit was over the run.
+
+    Args:
+        op_log: an op_log (of one PE or of a device).
+        per_pe: ``None``: per PE when the op_log holds several PEs; ``True``: per PE; ``False``: the
+            device as a whole (:mod:`.per_pe`).
 
     Returns:
         One row per engine unit in track order (each DMA channel its own;
         with a categorical ``engine`` column, every unit of the run, used or
         not): ``engine``, ``stages``, ``busy_cycles`` (the sum of its stages'
         ``end - start``) and ``busy_fraction`` (busy cycles over the run's
-        cycles, the last ``end``; 0 for an empty run).
+        cycles, the last ``end``; 0 for an empty run). Per PE, one row per
+        (PE, unit) with ``pe`` first; for the device, busy cycles summed over
+        the PEs and the fraction over PEs × cycles.
+
+    Raises:
+        ValidationError: not an op_log, or a bad ``per_pe``.
     """
     require_columns(op_log, ("engine", "start", "end"), "utilization")
+    how = _per_pe.form(len(_per_pe.pes_of(op_log)), per_pe, "utilization")
+    if how != _per_pe.ONE:
+        return _per_pe.utilization(op_log, how)
     tracks = engine_tracks(op_log["engine"])
     codes = pd.Categorical(op_log["engine"], categories=tracks).codes
     dur = (op_log["end"] - op_log["start"]).to_numpy(np.int64)
@@ -172,13 +188,16 @@ def utilization(op_log: pd.DataFrame) -> pd.DataFrame:
                          "busy_fraction": busy / cycles if cycles else np.zeros(len(tracks))})
 
 
-def utilization_over_time(op_log: pd.DataFrame, bins: int | Sequence[float] = 100) -> pd.DataFrame:
+def utilization_over_time(op_log: pd.DataFrame, bins: int | Sequence[float] = 100, *,
+                          per_pe: bool | None = None) -> pd.DataFrame:
     """Busy fraction of each engine unit in each time bin.
 
     Args:
         op_log: an op_log.
         bins: a number of equal bins from cycle 0 to the run's last cycle, or
             the increasing bin edges in cycles.
+        per_pe: as :func:`utilization`: per PE, the columns are a MultiIndex
+            ``(pe, engine)``; for the device, each unit's mean over the PEs.
 
     Returns:
         One row per bin, indexed by the bin's first cycle (``bin_start``), one
@@ -188,9 +207,13 @@ def utilization_over_time(op_log: pd.DataFrame, bins: int | Sequence[float] = 10
         stages sorted by start.
 
     Raises:
-        ValidationError: ``bins`` is not a positive int or increasing edges.
+        ValidationError: ``bins`` is not a positive int or increasing edges, or a bad ``per_pe``.
     """
     require_columns(op_log, ("engine", "start", "end"), "utilization_over_time")
+    how = _per_pe.form(len(_per_pe.pes_of(op_log)), per_pe, "utilization_over_time")
+    if how != _per_pe.ONE:  # every PE's units run one stage at a time, not the same unit of two PEs
+        return _per_pe.utilization_over_time(op_log, bins, how,
+                                             lambda df, edges: utilization_over_time(df, edges, per_pe=False))
     tracks = engine_tracks(op_log["engine"])
     cycles = int(op_log["end"].max()) if len(op_log) else 0
     if isinstance(bins, numbers.Integral) and not isinstance(bins, bool):
@@ -237,6 +260,9 @@ def _busy_before(s: np.ndarray, d: np.ndarray, cum: np.ndarray, x: np.ndarray) -
 
 def attribution(run) -> pd.DataFrame:
     """The critical path's cycles by engine unit and by cause (DESIGN §11).
+
+    Of a device run, its critical path: the PE that finishes last's
+    (``run.critical_path()``); of one PE of it, ``attribution(run.pe(p))``.
 
     Each row of ``run.critical_path()`` counts its ``end - start`` once to its
     engine and once to the cause of its incoming link (the first row's is
@@ -403,8 +429,11 @@ def attribution_gap(sweep_df: pd.DataFrame, a: str, b: str, by: str = "engine",
 WAIT_COLUMNS = ("dependency", "hazard", "queue", "wait", "scheduler", "engine_busy", "total")
 
 
-def waits(run) -> pd.DataFrame:
+def waits(run, *, per_pe: bool | None = None) -> pd.DataFrame:
     """Stage-cycles spent waiting, by stage kind and engine unit, split by what was waited for.
+
+    Of a device run: per PE (``per_pe`` None with several PEs, or True; a
+    ``pe`` column first) or, with ``per_pe=False``, summed over the PEs.
 
     Each stage waits from the cycle its engine could first have taken it, in
     the order the PE issues work, until it starts:
@@ -431,8 +460,16 @@ def waits(run) -> pd.DataFrame:
         pipeline order and units in track order: ``stage``, ``engine``,
         ``stages``, then :data:`WAIT_COLUMNS` as integer cycles summed over
         those stages.
+
+    Raises:
+        ValidationError: not a run, or a bad ``per_pe``.
     """
     run = _resolve_run_only(run)
+    how = _per_pe.form(len(run.pes), per_pe, "waits")
+    if how != _per_pe.ONE:
+        return _per_pe.waits(run, how, lambda r: waits(r, per_pe=False))
+    if run.pe(run.pes[0]) is not run:  # a device run in which one PE ran: that PE's
+        return waits(run.pe(run.pes[0]), per_pe=False)
     prog, tl = run.program, run.timeline
     log = run.op_log
     kind = log["stage"].cat.codes.to_numpy(np.int64)
@@ -626,7 +663,7 @@ def top_waits(run, n: int = 5) -> pd.DataFrame:
     """
     if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n <= 0:
         raise ValidationError(f"top_waits: n={n!r}; pass a positive number of rows.")
-    w = waits(run)
+    w = waits(run, per_pe=False)  # a device's summed over its PEs
     long = w.melt(id_vars=["stage", "engine", "stages"], value_vars=list(_WAIT_CAUSES), var_name="cause",
                   value_name="cycles")
     # melt lists cause by cause; order by (stage row, cause) so that ties read in pipeline order
