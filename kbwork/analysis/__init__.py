@@ -28,7 +28,7 @@ from ..pe.commands import Command, dispatch_cycles
 from ..device import CAUSES, simulate
 from . import per_pe as _per_pe
 from .channels import (CONTENDED, channel_steps, channels, channels_over_time, contention,  # noqa: F401
-                       path_contention)
+                       contention_words, path_contention)
 
 GATE_FACTOR = 2.0
 
@@ -689,14 +689,17 @@ class Explanation:
         holds: how many commands a hazard held (rows of ``run.holds()``).
         bound: the numbers the sentence is made of (see :func:`explain`).
         sentence: one sentence saying what bounds the run.
+        pe, pes: the PE the critical path runs on, and how many PEs ran (1 but for a device run, whose
+            utilisation, holds and waits here are that PE's).
     """
 
     def __init__(self, name: str, cycles: int, us: float, hazard_policy: str, utilization: pd.DataFrame,
                  attribution: pd.DataFrame, top_waits: pd.DataFrame, holds: int, bound: dict[str, Any],
-                 sentence: str):
+                 sentence: str, pe: int = 0, pes: int = 1):
         self.name, self.cycles, self.us, self.hazard_policy = name, cycles, us, hazard_policy
         self.utilization, self.attribution, self.top_waits = utilization, attribution, top_waits
         self.holds, self.bound, self.sentence = holds, bound, sentence
+        self.pe, self.pes = pe, pes
 
     def __repr__(self) -> str:
         return f"Explanation({self.name}: {self.cycles} cycles; {self.sentence})"
@@ -711,7 +714,9 @@ class Explanation:
     def to_dict(self) -> dict[str, Any]:
         """Every field as plain JSON-serialisable values (integers for cycles, floats for fractions)."""
         util = self.utilization
+        device = {"pes": int(self.pes), "pe": int(self.pe)} if self.pes > 1 else {}
         return {
+            **device,
             "name": self.name, "cycles": int(self.cycles), "us": float(self.us),
             "hazard_policy": self.hazard_policy, "holds": int(self.holds),
             "utilization": {e: {"stages": int(s), "busy_cycles": int(b), "busy_fraction": float(f)}
@@ -731,19 +736,25 @@ class Explanation:
         """The bound in a few words (``kbwork compare`` prints it): e.g. ``latency-bound (critical path 67%
         PE_GEMM, 31% PE_DMA; 29% after hazard holds)`` or ``throughput-bound on PE_GEMM (busy 92%)``."""
         b = self.bound
+        shared = (f"; channel{'s' if len(b['contended_channels']) > 1 else ''} "
+                  f"{', '.join(map(str, b['contended_channels']))} contended, "
+                  f"{100 * b['contention_fraction']:.0f}% lost" if b.get("contended_channels") else "")
         if b["kind"] == "throughput":
-            return f"throughput-bound on {b['engine']} (busy {100 * b['busy_fraction']:.0f}%)"
+            return f"throughput-bound on {b['engine']} (busy {100 * b['busy_fraction']:.0f}%{shared})"
         second = (f", {100 * b['second_fraction']:.0f}% {b['second_engine']}"
                   if b["second_engine"] is not None and b["second_fraction"] > 0 else "")
         cause = (f"; {100 * b['cause_fraction']:.0f}% after {_CAUSE_SHORT[b['cause']]}"
                  if b["cause"] is not None else "")
-        return f"latency-bound (critical path {100 * b['engine_fraction']:.0f}% {b['engine']}{second}{cause})"
+        return (f"latency-bound (critical path {100 * b['engine_fraction']:.0f}% {b['engine']}{second}{cause}"
+                f"{shared})")
 
     def report(self) -> str:
         """The text ``kbwork explain`` prints for this run: cycles, utilisation, critical path, waits, bound."""
         c = self.cycles
+        device = (f"; a device of {self.pes} PEs: the critical path, and the units below, are PE {self.pe}'s"
+                  if self.pes > 1 else "")
         lines = [f"{self.name}: {c} cycles = {self.us:.3f} us ({self.hazard_policy}, {self.holds} commands held "
-                 f"by hazards)"]
+                 f"by hazards{device})"]
         lines.append(f"  {'engine unit':14}{'busy':>10}{'busy %':>8}{'on critical path':>18}{'path %':>8}")
         on_path = self.by("engine")
         for e, busy, frac in zip(self.utilization["engine"], self.utilization["busy_cycles"],
@@ -767,7 +778,7 @@ def _pct(part: float, whole: float) -> str:
 
 
 def explain(run_or_decode_run: Any, name: str | None = None, *, top: int = 5,
-            saturated: float = SATURATED) -> Explanation:
+            saturated: float = SATURATED, contended: float = CONTENDED) -> Explanation:
     """Where a run's time went, and one sentence saying what bounds it (DESIGN §11).
 
     The sentence is derived from the numbers, never chosen by hand:
@@ -782,13 +793,22 @@ def explain(run_or_decode_run: Any, name: str | None = None, *, top: int = 5,
       (the lead engine's share and the runner-up's) through units that are
       idle part of the time, and the sentence names the link cause, other
       than plain ``dependency``, that carries most of the path (``hazard``,
-      ``engine``, ``queue``, ...), with its share, if it carries any.
+      ``engine``, ``queue``, ...), with its share, if it carries any;
+    * if the DMA stages on the critical path lost at least ``contended`` of
+      the run's cycles to sharing their HBM channels (:func:`contention`),
+      it names those channels and the cycles lost; below that it says nothing
+      of them.
+
+    A device run is explained on the PE its critical path runs on (the one
+    that finishes last): the utilisation, holds and waits are that PE's.
 
     Args:
         run_or_decode_run: a :class:`~kbwork.Run` or a ``decode.DecodeRun``.
         name: what to call the run (default: the decode variant, or ``"run"``).
         top: how many :func:`top_waits` rows to keep.
         saturated: the busy fraction from which a unit counts as saturated.
+        contended: the fraction of the run lost to channel sharing on the
+            critical path from which the sentence names contention.
 
     Returns:
         An :class:`Explanation`; its ``bound`` dict holds ``kind``
@@ -796,12 +816,14 @@ def explain(run_or_decode_run: Any, name: str | None = None, *, top: int = 5,
         ``engine_fraction`` (on the critical path), ``busy_fraction`` (of the
         run), ``second_engine`` and ``second_fraction``, ``cause`` and
         ``cause_fraction`` (``None`` and 0.0 when only dependencies link the
-        path).
+        path), ``contention_cycles`` and ``contention_fraction`` (what the
+        path's DMA stages lost to sharing) and ``contended_channels`` (the
+        channels the sentence names, ascending; empty below ``contended``).
 
     Raises:
-        ValidationError: not a run, or a bad ``top`` or ``saturated``.
+        ValidationError: not a run, or a bad ``top``, ``saturated`` or ``contended``.
     """
-    from ..sim import Run
+    from ..sim import DeviceRun, Run
 
     inner = getattr(run_or_decode_run, "run", None)
     run = run_or_decode_run if isinstance(run_or_decode_run, Run) else inner if isinstance(inner, Run) else None
@@ -809,12 +831,16 @@ def explain(run_or_decode_run: Any, name: str | None = None, *, top: int = 5,
         raise ValidationError(f"explain takes a Run or a decode.DecodeRun, not {type(run_or_decode_run).__name__}.")
     if isinstance(saturated, bool) or not isinstance(saturated, numbers.Real) or not 0 < saturated <= 1:
         raise ValidationError(f"explain: saturated={saturated!r}; pass a busy fraction in (0, 1].")
+    if isinstance(contended, bool) or not isinstance(contended, numbers.Real) or not 0 < contended <= 1:
+        raise ValidationError(f"explain: contended={contended!r}; pass a fraction of the run in (0, 1].")
     if name is None:
         name = getattr(run_or_decode_run, "variant", None) or "run"
     cycles = run.cycles
-    util = utilization(run.op_log)
+    on = run.pe(run.last_pe()) if isinstance(run, DeviceRun) else run  # the PE the critical path runs on
+    util = utilization(on.op_log)
     att = attribution(run)
-    n_holds = len(run.timeline.held)
+    n_holds = len(on.timeline.held)
+    lost = path_contention(run)
     eng = att[att["by"] == "engine"].reset_index(drop=True)
     order = np.lexsort((np.arange(len(eng)), -eng["cycles"].to_numpy()))  # most cycles first, then track order
     lead, second = eng.iloc[order[0]], eng.iloc[order[1]] if len(eng) > 1 else None
@@ -830,9 +856,14 @@ def explain(run_or_decode_run: Any, name: str | None = None, *, top: int = 5,
         "second_fraction": 0.0 if second is None else float(second["fraction"]),
         "cause": None if top_cause is None else str(top_cause["name"]),
         "cause_fraction": 0.0 if top_cause is None else float(top_cause["fraction"]),
+        "contention_cycles": lost["cycles"], "contention_fraction": float(lost["fraction"]),
+        "contended_channels": list(lost["channels"]) if lost["fraction"] >= contended else [],
     }
+    sentence = _sentence(name, cycles, bound, n_holds)
+    if bound["contended_channels"]:
+        sentence = f"{sentence[:-1]}; {contention_words(lost)}."
     return Explanation(name, cycles, run.topology.cycles_to_us(cycles), run.topology.hazard_policy, util, att,
-                       top_waits(run, top), n_holds, bound, _sentence(name, cycles, bound, n_holds))
+                       top_waits(on, top), n_holds, bound, sentence, on.pes[0], len(run.pes))
 
 
 #: What each link cause means, as the sentence of :func:`explain` words it.
