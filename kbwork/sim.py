@@ -602,9 +602,12 @@ class Run:
         return to_csv(self.op_log, path)
 
     def to_perfetto(self, path: str | Path | None = None) -> dict:
-        """The Chrome-trace/Perfetto JSON of the op_log, the critical path drawn as flow events
-        (written to ``path`` if given)."""
-        return to_perfetto(self.op_log, path, self.topology.clock_ghz, critical_path=self.critical_path())
+        """The Chrome-trace/Perfetto JSON of the op_log, the critical path drawn as flow events, a counter track
+        per HBM channel (bytes per cycle in use; ``analysis.channel_steps``) (written to ``path`` if given)."""
+        from .analysis.channels import perfetto_counters
+
+        return to_perfetto(self.op_log, path, self.topology.clock_ghz, critical_path=self.critical_path(),
+                           counters=perfetto_counters(self))
 
     @property
     def bindings(self) -> Bindings:
@@ -777,5 +780,9 @@ class DeviceRun(Run):
         return next(iter(self.runs.values())).read(handle_or_name)
 
     def to_perfetto(self, path: str | Path | None = None) -> dict:
-        """The Chrome-trace/Perfetto JSON: a process per PE (a track per unit), the critical path as flow events."""
-        return to_perfetto(self.op_log, path, self.topology.clock_ghz, critical_path=self.critical_path())
+        """The Chrome-trace/Perfetto JSON: a process per PE (a track per unit), the critical path as flow events, a
+        counter track per HBM channel under a process of its own."""
+        from .analysis.channels import perfetto_counters
+
+        return to_perfetto(self.op_log, path, self.topology.clock_ghz, critical_path=self.critical_path(),
+                           counters=perfetto_counters(self))
