@@ -20,6 +20,7 @@ from .oplog import build_op_log, concat_op_logs, to_csv, to_perfetto
 from .device import CAUSES, Bindings, Timeline
 from .device.device import Reductions, simulate_device
 from .device.loop import LaunchMemory
+from .device.replay import FlowMismatch, counters_from, loads_from
 from .device.steady import SteadyState, check_steady_state, simulate_pe
 from .pe.scheduler import Program
 from .pe.tiling import StagingRing
@@ -301,6 +302,20 @@ class Simulator:
         return raw.view(DTYPES[h.dtype]).reshape(h.shape)
 
 
+def _perfetto_counters(run: "Run") -> dict:
+    """The channel counter tracks of ``run`` (``device.replay``); none for one PE's run of a device whose channels
+    other PEs shared (its op_log does not hold their transfers)."""
+    log = run.op_log
+    keep = log["stage"].isin(("DMA_READ", "DMA_WRITE")).to_numpy()
+    col = {c: log[c].to_numpy(np.int64)[keep] for c in ("seq", "bytes", "start", "end")}
+    chan = np.asarray(run.stage_channels, dtype=np.int64)[keep]
+    try:
+        return counters_from(loads_from(col["seq"], col["bytes"], col["start"], col["end"], chan, run.topology,
+                                        "to_perfetto"))
+    except FlowMismatch:
+        return {}
+
+
 #: Bytes of input placed (checked and rounded) at a time.
 PLACE_CHUNK_BYTES = 1 << 23
 
@@ -491,7 +506,8 @@ class Run:
     def stage_channels(self) -> np.ndarray:
         """The HBM channel each stage moves bytes on, aligned with the op_log's rows (-1 for a stage that is not
         a DMA of an HBM tensor)."""
-        return np.asarray(self.program.table.chan, dtype=np.int64)
+        chan = np.asarray(self.program.table.chan, dtype=np.int64)
+        return chan
 
     @property
     def pes(self) -> list[int]:
@@ -593,9 +609,10 @@ class Run:
         return to_csv(self.op_log, path)
 
     def to_perfetto(self, path: str | Path | None = None) -> dict:
-        """The Chrome-trace/Perfetto JSON of the op_log, the critical path drawn as flow events
-        (written to ``path`` if given)."""
-        return to_perfetto(self.op_log, path, self.topology.clock_ghz, critical_path=self.critical_path())
+        """The Chrome-trace/Perfetto JSON of the op_log, the critical path drawn as flow events, a counter track
+        per HBM channel (bytes per cycle in use; ``analysis.channel_steps``) (written to ``path`` if given)."""
+        return to_perfetto(self.op_log, path, self.topology.clock_ghz, critical_path=self.critical_path(),
+                           counters=_perfetto_counters(self))
 
     @property
     def bindings(self) -> Bindings:
@@ -768,5 +785,7 @@ class DeviceRun(Run):
         return next(iter(self.runs.values())).read(handle_or_name)
 
     def to_perfetto(self, path: str | Path | None = None) -> dict:
-        """The Chrome-trace/Perfetto JSON: a process per PE (a track per unit), the critical path as flow events."""
-        return to_perfetto(self.op_log, path, self.topology.clock_ghz, critical_path=self.critical_path())
+        """The Chrome-trace/Perfetto JSON: a process per PE (a track per unit), the critical path as flow events, a
+        counter track per HBM channel under a process of its own."""
+        return to_perfetto(self.op_log, path, self.topology.clock_ghz, critical_path=self.critical_path(),
+                           counters=_perfetto_counters(self))

@@ -269,3 +269,16 @@ def test_a_replica_renames_default_labels_and_names_made_from_its_tensors():
     assert run.to_csv() == sim.run_device(plan, reductions=False).to_csv()
     labels = run.op_log[run.op_log.stage == "DISPATCH"].label.astype(str).tolist()
     assert labels == [f"dma_{v} x{p}{s}" for p in range(3) for v, s in (("load", ""), ("store", "_tcm"))]
+
+
+def test_a_replica_on_other_channels_reports_its_own_channels():
+    sim = kbwork.Simulator(mode="timing", pes=4, hbm_channels=2, channel_bytes_per_cycle=40)
+    plan = {p: [Launch(gqa_decode, *decode_inputs(sim, p, channel=sim.topo.home_channel(p)), variant="opt2",
+                       tile=128)] for p in range(4)}
+    run = sim.run_device(plan)
+    plain = sim.run_device(plan, reductions=False)
+    assert run.reductions.replicated_from == {2: 0, 3: 1}
+    assert np.array_equal(run.stage_channels, plain.stage_channels)
+    log = run.op_log
+    dma = log.stage.isin(["DMA_READ", "DMA_WRITE"]).to_numpy()
+    assert set(run.stage_channels[dma & (log.pe >= 2).to_numpy()]) == {1}

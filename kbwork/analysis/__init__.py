@@ -30,7 +30,10 @@ from ..errors import ValidationError
 from ..oplog import ENGINE_NAMES, check_schema, engine_tracks, require_columns
 from ..pe.commands import Command, dispatch_cycles
 from ..device import CAUSES, simulate
-from ..sim import Run
+from ..sim import DeviceRun, Run
+from . import per_pe as _per_pe
+from .channels import (CONTENDED, channel_steps, channels, channels_over_time, contention,  # noqa: F401
+                       contention_words, path_contention)
 
 GATE_FACTOR = 2.0
 
@@ -176,21 +179,32 @@ def ratio_grid(bytes_opt2: Sequence[int], bytes_opt3: Sequence[int], fixed_value
 
 
 # --- where the time goes (DESIGN §11) ------------------------------------------------------------------
-def utilization(op_log: pd.DataFrame) -> pd.DataFrame:
+def utilization(op_log: pd.DataFrame, *, per_pe: bool | None = None) -> pd.DataFrame:
     """How busy each engine unit was over the run.
 
     Args:
-        op_log: an op_log, or a Run (or anything whose ``.run`` is one) to read it from.
+        op_log: an op_log (of one PE or of a device), or a Run (or anything whose ``.run`` is one) to read it
+            from.
+        per_pe: ``None``: per PE when the op_log holds several PEs; ``True``: per PE; ``False``: the
+            device as a whole (:mod:`.per_pe`).
 
     Returns:
         One row per engine unit in track order (each DMA channel its own;
         with a categorical ``engine`` column, every unit of the run, used or
         not): ``engine``, ``stages``, ``busy_cycles`` (the sum of its stages'
         ``end - start``) and ``busy_fraction`` (busy cycles over the run's
-        cycles, the last ``end``; 0 for an empty run).
+        cycles, the last ``end``; 0 for an empty run). Per PE, one row per
+        (PE, unit) with ``pe`` first; for the device, busy cycles summed over
+        the PEs and the fraction over PEs × cycles.
+
+    Raises:
+        ValidationError: not an op_log, or a bad ``per_pe``.
     """
     op_log = _op_log_of(op_log)
     require_columns(op_log, ("engine", "start", "end"), "utilization")
+    how = _per_pe.form(len(_per_pe.pes_of(op_log)), per_pe, "utilization")
+    if how != _per_pe.ONE:
+        return _per_pe.utilization(op_log, how)
     tracks = engine_tracks(op_log["engine"])
     codes = pd.Categorical(op_log["engine"], categories=tracks).codes
     dur = (op_log["end"] - op_log["start"]).to_numpy(np.int64)
@@ -202,13 +216,16 @@ def utilization(op_log: pd.DataFrame) -> pd.DataFrame:
                          "busy_fraction": busy / cycles if cycles else np.zeros(len(tracks))})
 
 
-def utilization_over_time(op_log: pd.DataFrame, bins: int | Sequence[float] = 100) -> pd.DataFrame:
+def utilization_over_time(op_log: pd.DataFrame, bins: int | Sequence[float] = 100, *,
+                          per_pe: bool | None = None) -> pd.DataFrame:
     """Busy fraction of each engine unit in each time bin.
 
     Args:
         op_log: an op_log, or a Run (or anything whose ``.run`` is one) to read it from.
         bins: a number of equal bins from cycle 0 to the run's last cycle, or
             the increasing bin edges in cycles.
+        per_pe: as :func:`utilization`: per PE, the columns are a MultiIndex
+            ``(pe, engine)``; for the device, each unit's mean over the PEs.
 
     Returns:
         One row per bin, indexed by the bin's first cycle (``bin_start``), one
@@ -218,10 +235,14 @@ def utilization_over_time(op_log: pd.DataFrame, bins: int | Sequence[float] = 10
         stages sorted by start.
 
     Raises:
-        ValidationError: ``bins`` is not a positive int or increasing edges.
+        ValidationError: ``bins`` is not a positive int or increasing edges, or a bad ``per_pe``.
     """
     op_log = _op_log_of(op_log)
     require_columns(op_log, ("engine", "start", "end"), "utilization_over_time")
+    how = _per_pe.form(len(_per_pe.pes_of(op_log)), per_pe, "utilization_over_time")
+    if how != _per_pe.ONE:  # every PE's units run one stage at a time, not the same unit of two PEs
+        return _per_pe.utilization_over_time(op_log, bins, how,
+                                             lambda df, edges: utilization_over_time(df, edges, per_pe=False))
     tracks = engine_tracks(op_log["engine"])
     cycles = int(op_log["end"].max()) if len(op_log) else 0
     if isinstance(bins, numbers.Integral) and not isinstance(bins, bool):
@@ -268,6 +289,9 @@ def _busy_before(s: np.ndarray, d: np.ndarray, cum: np.ndarray, x: np.ndarray) -
 
 def attribution(run) -> pd.DataFrame:
     """The critical path's cycles by engine unit and by cause (DESIGN §11).
+
+    Of a device run, its critical path: the PE that finishes last's
+    (``run.critical_path()``); of one PE of it, ``attribution(run.pe(p))``.
 
     Each row of ``run.critical_path()`` counts its ``end - start`` once to its
     engine and once to the cause of its incoming link (the first row's is
@@ -434,8 +458,11 @@ def attribution_gap(sweep_df: pd.DataFrame, a: str, b: str, by: str = "engine",
 WAIT_COLUMNS = ("dependency", "hazard", "queue", "wait", "scheduler", "engine_busy", "total")
 
 
-def waits(run) -> pd.DataFrame:
+def waits(run, *, per_pe: bool | None = None) -> pd.DataFrame:
     """Stage-cycles spent waiting, by stage kind and engine unit, split by what was waited for.
+
+    Of a device run: per PE (``per_pe`` None with several PEs, or True; a
+    ``pe`` column first) or, with ``per_pe=False``, summed over the PEs.
 
     Each stage waits from the cycle its engine could first have taken it, in
     the order the PE issues work, until it starts:
@@ -462,8 +489,16 @@ def waits(run) -> pd.DataFrame:
         pipeline order and units in track order: ``stage``, ``engine``,
         ``stages``, then :data:`WAIT_COLUMNS` as integer cycles summed over
         those stages.
+
+    Raises:
+        ValidationError: not a run, or a bad ``per_pe``.
     """
     run = _resolve_run_only(run)
+    how = _per_pe.form(len(run.pes), per_pe, "waits")
+    if how != _per_pe.ONE:
+        return _per_pe.waits(run, how, lambda r: waits(r, per_pe=False))
+    if run.pe(run.pes[0]) is not run:  # a device run in which one PE ran: that PE's
+        return waits(run.pe(run.pes[0]), per_pe=False)
     prog, tl = run.program, run.timeline
     log = run.op_log
     kind = log["stage"].cat.codes.to_numpy(np.int64)
@@ -652,7 +687,7 @@ def top_waits(run, n: int = 5) -> pd.DataFrame:
     """
     if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n <= 0:
         raise ValidationError(f"top_waits: n={n!r}; pass a positive number of rows.")
-    w = waits(run)
+    w = waits(run, per_pe=False)  # a device's summed over its PEs
     long = w.melt(id_vars=["stage", "engine", "stages"], value_vars=list(_WAIT_CAUSES), var_name="cause",
                   value_name="cycles")
     # melt lists cause by cause; order by (stage row, cause) so that ties read in pipeline order
@@ -678,14 +713,17 @@ class Explanation:
         holds: how many commands a hazard held (rows of ``run.holds()``).
         bound: the numbers the sentence is made of (see :func:`explain`).
         sentence: one sentence saying what bounds the run.
+        pe, pes: the PE the critical path runs on, and how many PEs ran (1 but for a device run, whose
+            utilisation, holds and waits here are that PE's).
     """
 
     def __init__(self, name: str, cycles: int, us: float, hazard_policy: str, utilization: pd.DataFrame,
                  attribution: pd.DataFrame, top_waits: pd.DataFrame, holds: int, bound: dict[str, Any],
-                 sentence: str):
+                 sentence: str, pe: int = 0, pes: int = 1):
         self.name, self.cycles, self.us, self.hazard_policy = name, cycles, us, hazard_policy
         self.utilization, self.attribution, self.top_waits = utilization, attribution, top_waits
         self.holds, self.bound, self.sentence = holds, bound, sentence
+        self.pe, self.pes = pe, pes
 
     def __repr__(self) -> str:
         return f"Explanation({self.name}: {self.cycles} cycles; {self.sentence})"
@@ -700,7 +738,9 @@ class Explanation:
     def to_dict(self) -> dict[str, Any]:
         """Every field as plain JSON-serialisable values (integers for cycles, floats for fractions)."""
         util = self.utilization
+        device = {"pes": int(self.pes), "pe": int(self.pe)} if self.pes > 1 else {}
         return {
+            **device,
             "name": self.name, "cycles": int(self.cycles), "us": float(self.us),
             "hazard_policy": self.hazard_policy, "holds": int(self.holds),
             "utilization": {e: {"stages": int(s), "busy_cycles": int(b), "busy_fraction": float(f)}
@@ -720,19 +760,25 @@ class Explanation:
         """The bound in a few words (``kbwork compare`` prints it): e.g. ``latency-bound (critical path 67%
         PE_GEMM, 31% PE_DMA; 29% after hazard holds)`` or ``throughput-bound on PE_GEMM (busy 92%)``."""
         b = self.bound
+        shared = (f"; channel{'s' if len(b['contended_channels']) > 1 else ''} "
+                  f"{', '.join(map(str, b['contended_channels']))} contended, "
+                  f"{100 * b['contention_fraction']:.0f}% lost" if b.get("contended_channels") else "")
         if b["kind"] == "throughput":
-            return f"throughput-bound on {b['engine']} (busy {100 * b['busy_fraction']:.0f}%)"
+            return f"throughput-bound on {b['engine']} (busy {100 * b['busy_fraction']:.0f}%{shared})"
         second = (f", {100 * b['second_fraction']:.0f}% {b['second_engine']}"
                   if b["second_engine"] is not None and b["second_fraction"] > 0 else "")
         cause = (f"; {100 * b['cause_fraction']:.0f}% after {_CAUSE_SHORT[b['cause']]}"
                  if b["cause"] is not None else "")
-        return f"latency-bound (critical path {100 * b['engine_fraction']:.0f}% {b['engine']}{second}{cause})"
+        return (f"latency-bound (critical path {100 * b['engine_fraction']:.0f}% {b['engine']}{second}{cause}"
+                f"{shared})")
 
     def report(self) -> str:
         """The text ``kbwork explain`` prints for this run: cycles, utilisation, critical path, waits, bound."""
         c = self.cycles
+        device = (f"; a device of {self.pes} PEs: the critical path, and the units below, are PE {self.pe}'s"
+                  if self.pes > 1 else "")
         lines = [f"{self.name}: {c} cycles = {self.us:.3f} us ({self.hazard_policy}, {self.holds} commands held "
-                 f"by hazards)"]
+                 f"by hazards{device})"]
         lines.append(f"  {'engine unit':14}{'busy':>10}{'busy %':>8}{'on critical path':>18}{'path %':>8}")
         on_path = self.by("engine")
         for e, busy, frac in zip(self.utilization["engine"], self.utilization["busy_cycles"],
@@ -756,7 +802,7 @@ def _pct(part: float, whole: float) -> str:
 
 
 def explain(run_or_decode_run: Any, name: str | None = None, *, top: int = 5,
-            saturated: float = SATURATED) -> Explanation:
+            saturated: float = SATURATED, contended: float = CONTENDED) -> Explanation:
     """Where a run's time went, and one sentence saying what bounds it (DESIGN §11).
 
     The sentence is derived from the numbers, never chosen by hand:
@@ -771,13 +817,22 @@ def explain(run_or_decode_run: Any, name: str | None = None, *, top: int = 5,
       (the lead engine's share and the runner-up's) through units that are
       idle part of the time, and the sentence names the link cause, other
       than plain ``dependency``, that carries most of the path (``hazard``,
-      ``engine``, ``queue``, ...), with its share, if it carries any.
+      ``engine``, ``queue``, ...), with its share, if it carries any;
+    * if the DMA stages on the critical path lost at least ``contended`` of
+      the run's cycles to sharing their HBM channels (:func:`contention`),
+      it names those channels and the cycles lost; below that it says nothing
+      of them.
+
+    A device run is explained on the PE its critical path runs on (the one
+    that finishes last): the utilisation, holds and waits are that PE's.
 
     Args:
         run_or_decode_run: a :class:`~kbwork.Run` or a ``decode.DecodeRun``.
         name: what to call the run (default: the decode variant, or ``"run"``).
         top: how many :func:`top_waits` rows to keep.
         saturated: the busy fraction from which a unit counts as saturated.
+        contended: the fraction of the run lost to channel sharing on the
+            critical path from which the sentence names contention.
 
     Returns:
         An :class:`Explanation`; its ``bound`` dict holds ``kind``
@@ -785,22 +840,28 @@ def explain(run_or_decode_run: Any, name: str | None = None, *, top: int = 5,
         ``engine_fraction`` (on the critical path), ``busy_fraction`` (of the
         run), ``second_engine`` and ``second_fraction``, ``cause`` and
         ``cause_fraction`` (``None`` and 0.0 when only dependencies link the
-        path).
+        path), ``contention_cycles`` and ``contention_fraction`` (what the
+        path's DMA stages lost to sharing) and ``contended_channels`` (the
+        channels the sentence names, ascending; empty below ``contended``).
 
     Raises:
-        ValidationError: not a run, or a bad ``top`` or ``saturated``.
+        ValidationError: not a run, or a bad ``top``, ``saturated`` or ``contended``.
     """
     run = _run_of(run_or_decode_run)
     if run is None:
         raise ValidationError(f"explain takes a Run or a decode.DecodeRun, not {type(run_or_decode_run).__name__}.")
     if isinstance(saturated, bool) or not isinstance(saturated, numbers.Real) or not 0 < saturated <= 1:
         raise ValidationError(f"explain: saturated={saturated!r}; pass a busy fraction in (0, 1].")
+    if isinstance(contended, bool) or not isinstance(contended, numbers.Real) or not 0 < contended <= 1:
+        raise ValidationError(f"explain: contended={contended!r}; pass a fraction of the run in (0, 1].")
     if name is None:
         name = getattr(run_or_decode_run, "variant", None) or "run"
     cycles = run.cycles
-    util = utilization(run.op_log)
+    on = run.pe(run.last_pe()) if isinstance(run, DeviceRun) else run  # the PE the critical path runs on
+    util = utilization(on.op_log)
     att = attribution(run)
-    n_holds = len(run.timeline.held)
+    n_holds = len(on.timeline.held)
+    lost = path_contention(run)
     eng = att[att["by"] == "engine"].reset_index(drop=True)
     order = np.lexsort((np.arange(len(eng)), -eng["cycles"].to_numpy()))  # most cycles first, then track order
     lead, second = eng.iloc[order[0]], eng.iloc[order[1]] if len(eng) > 1 else None
@@ -816,9 +877,14 @@ def explain(run_or_decode_run: Any, name: str | None = None, *, top: int = 5,
         "second_fraction": 0.0 if second is None else float(second["fraction"]),
         "cause": None if top_cause is None else str(top_cause["name"]),
         "cause_fraction": 0.0 if top_cause is None else float(top_cause["fraction"]),
+        "contention_cycles": lost["cycles"], "contention_fraction": float(lost["fraction"]),
+        "contended_channels": list(lost["channels"]) if lost["fraction"] >= contended else [],
     }
+    sentence = _sentence(name, cycles, bound, n_holds)
+    if bound["contended_channels"]:
+        sentence = f"{sentence[:-1]}; {contention_words(lost)}."
     return Explanation(name, cycles, run.topology.cycles_to_us(cycles), run.topology.hazard_policy, util, att,
-                       top_waits(run, top), n_holds, bound, _sentence(name, cycles, bound, n_holds))
+                       top_waits(on, top), n_holds, bound, sentence, on.pes[0], len(run.pes))
 
 
 #: What each link cause means, as the sentence of :func:`explain` words it.

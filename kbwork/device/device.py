@@ -265,11 +265,13 @@ def tensor_index(tensors: Sequence[Handle]) -> tuple[list[Handle], list[int], se
 
 
 def group_key(group: Sequence[int], programs: dict[int, Sequence[Program]], tensors: Sequence[Handle],
-              shared: dict[int, int], index: tuple | None = None) -> tuple[tuple | None, tuple[str, ...]]:
+              shared: dict[int, int], index: tuple | None = None
+              ) -> tuple[tuple | None, tuple[str, ...], tuple[int, ...]]:
     """What decides a group's records, with every HBM tensor and channel named relative to the group (the order
     it first meets them): two groups with equal keys evolve identically. Returns the key (None when a program
-    holds something the key cannot describe: the group is then simulated) and the group's HBM tensors' names in
-    that order (what a replica renames)."""
+    holds something the key cannot describe: the group is then simulated), the names a replica renames (the
+    group's HBM tensors and the names made from them, in the order met) and its channels in the order met (what
+    a replica's channels map through)."""
     by_addr, starts, hbm_all = index if index is not None else tensor_index(tensors)
     undescribable = []
     tensor_ids: dict[int, int] = {}
@@ -350,7 +352,7 @@ def group_key(group: Sequence[int], programs: dict[int, Sequence[Program]], tens
                                 tuple((x.a, x.b) if isinstance(x, Index) else x for x in seg.iters), seg.waits))
             key.append(("waits", tuple(tr.waits)))
         key.append(("pe-end",))
-    return (None if undescribable else tuple(key)), tuple(tensor_names)
+    return (None if undescribable else tuple(key)), tuple(tensor_names), tuple(channel_ids)
 
 
 def flow_channels(shared: dict[int, int], topo) -> dict[int, FlowChannel]:
@@ -392,9 +394,24 @@ def _commands(progs: Sequence[Program]) -> Sequence:
 class _RenamedTable:
     """A stage table as another PE's replica reads it: every column shared, ``tensor`` with its own names."""
 
-    def __init__(self, table: Any, rename: dict[str, str]):
-        self._t, self._rename = table, rename
+    def __init__(self, table: Any, rename: dict[str, str], chan_map: dict[int, int] | None = None):
+        self._t, self._rename, self._chan_map = table, rename, chan_map or {}
         self._tensor: pd.Categorical | None = None
+        self._chan: np.ndarray | None = None
+
+    @property
+    def chan(self) -> np.ndarray:
+        """Each stage's channel: the simulated PE's, mapped to this PE's (an identical group may sit on other
+        channels: groups are compared relative to their channels)."""
+        if self._chan is None:
+            c = np.asarray(self._t.chan, dtype=np.int64)
+            if self._chan_map and any(a != b for a, b in self._chan_map.items()):
+                lut = np.arange(max(int(c.max(initial=0)), max(self._chan_map)) + 1, dtype=np.int64)
+                for a, b in self._chan_map.items():
+                    lut[a] = b
+                c = np.where(c >= 0, lut[np.maximum(c, 0)], c)
+            self._chan = c
+        return self._chan
 
     def __len__(self) -> int:
         return len(self._t)
@@ -415,17 +432,17 @@ class _RenamedTable:
         return self._tensor
 
     def column(self, name: str) -> Any:
-        return self.tensor if name == "tensor" else self._t.column(name)
+        return self.tensor if name == "tensor" else self.chan if name == "chan" else self._t.column(name)
 
 
 class Replica:
     """The schedule of a PE whose group was replicated from an identical one (DESIGN.md §14): the simulated PE's
     records, with this PE's own commands and tensor names."""
 
-    def __init__(self, sched: Any, rename: dict[str, str], commands: Sequence):
+    def __init__(self, sched: Any, rename: dict[str, str], commands: Sequence, chan_map: dict[int, int] | None = None):
         self._s = sched
         self._rename = rename
-        self.table = _RenamedTable(sched.table, rename)
+        self.table = _RenamedTable(sched.table, rename, chan_map)
         self.commands = commands
         self._labels: list[str] | None = None
 
@@ -481,14 +498,14 @@ def simulate_device(programs: dict[int, list[Program]], topo, tensors: Sequence[
     seen: dict[tuple, tuple[list[int], tuple[str, ...]]] = {}
     index = tensor_index(tensors)
     for group in grouped:
-        key, names = (None, ()) if memories is not None or not reduce else \
+        key, names, chans = (None, (), ()) if memories is not None or not reduce else \
             group_key(group, programs, tensors, shared, index)
         if key is not None and key in seen:  # an identical group: its records are the earlier one's
-            src_group, src_names = seen[key]
-            rename = dict(zip(src_names, names))
+            src_group, src_names, src_chans = seen[key]
+            rename, chan_map = dict(zip(src_names, names)), dict(zip(src_chans, chans))
             for pe, src in zip(group, src_group):
                 tl, sched, state = out[src]
-                out[pe] = (tl, Replica(sched, rename, _commands(programs[pe])), state)
+                out[pe] = (tl, Replica(sched, rename, _commands(programs[pe]), chan_map), state)
                 red.replicated_from[pe] = src
             continue
         red.simulated += 1
@@ -503,5 +520,5 @@ def simulate_device(programs: dict[int, list[Program]], topo, tensors: Sequence[
                                      flow_channels(mine, topo), steady_state=steady_state, why_full=why_full)
             out.update(zip(group, results))
         if key is not None:
-            seen[key] = (group, names)
+            seen[key] = (group, names, chans)
     return out, red

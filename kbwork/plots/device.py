@@ -1,0 +1,186 @@
+"""The Gantt of a device run: a few PEs, each with its units, and under them the load of the HBM channels
+they use (DESIGN.md §14, "Seeing it")."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+from ..errors import ValidationError
+from ..oplog import STAGE_NAMES, engine_tracks
+from . import _MOVERS, TENSOR_HATCH, _Drawn, _gantt_handles, _tensor_base, cycle_axis, gantt
+
+#: How many PEs :func:`device_gantt` shows when it is not told which.
+DEFAULT_PES = 4
+#: The colour of a channel's bandwidth line.
+CHANNEL_COLOR = "#332288"
+
+
+def default_pes(run: Any, n: int = DEFAULT_PES) -> list[int]:
+    """The PEs worth showing first: the one the critical path runs on, then those sharing a channel with it,
+    then the lowest others, ``n`` at most, ascending."""
+    from ..analysis.channels import _dma_rows
+
+    pes = list(run.pes)
+    last = run.last_pe() if hasattr(run, "last_pe") else pes[0]
+    d = _dma_rows(run, "device_gantt")
+    mine = set(d["channel"][d["pe"] == last].tolist()) - {-1}
+    sharing = {int(p) for p, c in zip(d["pe"], d["channel"]) if c in mine}
+    ranked = sorted(pes, key=lambda p: (p != last, p not in sharing, p))
+    return sorted(ranked[:n])
+
+
+def _check_pes(run: Any, pes: Any) -> list[int]:
+    if pes is None:
+        return default_pes(run)
+    if isinstance(pes, (int, np.integer)) and not isinstance(pes, bool):
+        pes = [pes]
+    if not isinstance(pes, Sequence) or isinstance(pes, str) or not pes:
+        raise ValidationError(f"device_gantt: pes={pes!r}; pass a non-empty list of PEs (of {run.pes}), or None "
+                              f"for a few.")
+    bad = [p for p in pes if p not in run.pes]
+    if bad:
+        raise ValidationError(f"device_gantt: PE {bad[0]!r} ran nothing in this run; it ran PEs {run.pes}.")
+    return sorted(dict.fromkeys(int(p) for p in pes))
+
+
+def _title(run: Any, shown: list[int], chans: list[int], path_pe: int) -> str:
+    t = run.topology
+    bw = "unconstrained" if math.isinf(t.channel_bytes_per_cycle) else f"{t.channel_bytes_per_cycle:g} B/cycle each"
+    which = "all that ran" if len(shown) == len(run.pes) else f"{len(shown)} of the {len(run.pes)} that ran"
+    used = (f"; their transfers on HBM channel{'s' if len(chans) > 1 else ''} {', '.join(map(str, chans))} of "
+            f"{t.hbm_channels} ({bw})" if chans else "")
+    return (f"Device run, {run.cycles:,} cycles: PE{'s' if len(shown) > 1 else ''} {', '.join(map(str, shown))} "
+            f"({which}){used}; critical path on PE {path_pe}")
+
+
+#: Flow counts the channel strips tell apart: 1, 2, 3 and "4 or more", light to dark.
+FLOW_SHADES = {1: "#B8B0E0", 2: "#7A6FC0", 3: "#4B3C9A", 4: "#22155E"}
+
+
+def _shade(k: int) -> int:
+    return min(int(k), max(FLOW_SHADES))
+
+
+def _draw_channel(ax: plt.Axes, steps: Any, c: int, run: Any, summary: Mapping[str, Any]) -> set[int]:
+    """One channel's strip: bytes per cycle in use over time, shaded by how many flows share it, its
+    bandwidth dashed. Returns the shades drawn (for the legend)."""
+    values = steps["bytes_per_cycle"].to_numpy(np.float64)
+    shades = {_shade(k) for k in steps["flows"].to_numpy() if k > 0}
+    if len(values):
+        edges = np.append(steps["t0"].to_numpy(np.float64), float(steps["t1"].iloc[-1]))
+        group = np.array([_shade(k) for k in steps["flows"].to_numpy()])
+        for g in sorted(shades):  # one step artist per shade, zero outside its steps
+            art = ax.stairs(np.where(group == g, values, 0.0), edges, fill=True, color=FLOW_SHADES[g], linewidth=0)
+            art.set_gid(f"channel-load:{c}:{g}")
+    bw = run.topology.channel_bytes_per_cycle
+    top = bw if math.isfinite(bw) else (float(values.max()) if len(values) else 1.0)
+    if math.isfinite(bw):
+        ax.axhline(bw, color=CHANNEL_COLOR, linestyle="--", linewidth=0.9)
+    ax.set_ylim(0, (top or 1.0) * 1.5)  # room above the bandwidth line for the summary
+    ax.set_ylabel(f"ch {c}\nB/cycle", rotation=0, ha="right", va="center", fontsize=9)
+    ax.text(0.005, 0.96, f"HBM channel {c}: {int(summary['bytes']):,} bytes, busy {100 * summary['busy_fraction']:.0f}% "
+                         f"of the run, at most {int(summary['peak_flows'])} flows at once",
+            transform=ax.transAxes, ha="left", va="top", fontsize=8, color="#222222")
+    ax.grid(axis="x", alpha=0.3)
+    return shades
+
+
+def _legend_of(run: Any, rows: Any, hatch: Mapping[str, str] | None, n_holds: int, path: Any) -> _Drawn:
+    """What the PE panels show, for one legend: stage kinds, hatched tensors, holds, the path and its links."""
+    stages = set(rows["stage"].astype(str).unique())
+    movers = rows[rows["stage"].astype(str).isin(_MOVERS)]
+    bases = {_tensor_base(str(t)) for t in movers["tensor"].astype(str).unique()}
+    causes: tuple[str, ...] = ()
+    if path is not None and len(path):
+        unit = path["engine"].astype(str).to_numpy()
+        moved = np.flatnonzero(unit[1:] != unit[:-1]) + 1  # the links drawn: where the path changes unit
+        causes = tuple(dict.fromkeys(path["cause"].astype(str).to_numpy()[moved]))
+    return _Drawn(tuple(k for k in STAGE_NAMES if k in stages),
+                  tuple((n, pat) for n, pat in (hatch or {}).items() if n in bases), n_holds,
+                  0 if path is None else len(path), causes)
+
+
+def device_gantt(run: Any, pes: Sequence[int] | int | None = None, *, channels: bool = True,
+                 window: tuple[int, int] | None = None, holds: bool = True, critical_path: bool = True,
+                 hatch: Mapping[str, str] | None = TENSOR_HATCH, clock_ghz: float | None = None,
+                 title: str | None = None, dpi: float | None = None) -> plt.Figure:
+    """A Gantt of a few PEs of a device run, one panel per PE (its units as rows), and under them one strip
+    per HBM channel those PEs' transfers use, drawing the bytes per cycle in use (the exact step function of
+    ``analysis.channel_steps``), the channel's bandwidth dashed.
+
+    Args:
+        run: a device run (``sim.run_device``), a one-PE run, or anything whose ``.run`` is one.
+        pes: the PEs to show (default: up to :data:`DEFAULT_PES`: the PE the critical path runs on, those
+            sharing a channel with it, then the lowest others; see :func:`default_pes`).
+        channels: draw the channel strips.
+        window: ``(start, end)`` cycles to show.
+        holds, critical_path: draw each PE's hazard holds, and the device's critical path on its PE.
+        hatch: as :func:`kbwork.plots.gantt`.
+        clock_ghz: the µs axis on top (default: the run's clock).
+        title: the figure's title (default: what is shown: cycles, PEs, channels, the critical path's PE).
+        dpi: the resolution the figure will be saved at (for the Gantt's density check).
+
+    Returns:
+        The Figure. Its Axes, top to bottom: one per PE (gid ``pe:<p>``), then one per channel (gid
+        ``channel:<c>``), all sharing the cycle axis.
+
+    Raises:
+        ValidationError: not a run, PEs that ran nothing, or a bad window. FlowMismatch: ``channels`` on one
+            PE's run of a device whose channels other PEs shared (draw the device run).
+    """
+    from ..analysis import channels as channel_table
+    from ..analysis.channels import channel_steps, run_of
+
+    run = run_of(run, "device_gantt")
+    shown = _check_pes(run, pes)
+    path_pe = run.last_pe() if hasattr(run, "last_pe") else run.pes[0]
+    log = run.op_log
+    tracks = engine_tracks(log["engine"])
+    chans: list[int] = []
+    if channels:
+        steps = channel_steps(run)
+        summary = channel_table(run).set_index("channel")
+        used = set(np.asarray(run.stage_channels)[log["pe"].isin(shown).to_numpy()].tolist()) - {-1}
+        chans = sorted(c for c in used if c in summary.index)
+    heights = [0.32 * len(tracks) + 0.25] * len(shown) + [0.85] * len(chans)
+    fig, axes = plt.subplots(len(heights), 1, sharex=True, layout="constrained",
+                             figsize=(13, 1.0 + sum(heights)), gridspec_kw={"height_ratios": heights})
+    axes = np.atleast_1d(axes)
+    clock = run.topology.clock_ghz if clock_ghz is None else clock_ghz
+    for i, (ax, p) in enumerate(zip(axes, shown)):
+        rows = log[log["pe"] == p]
+        gantt(rows, ax=ax, window=window, clock_ghz=clock if i == 0 else None, legend=False, hatch=hatch,
+              holds=run.pe(p).holds() if holds else None,
+              critical_path=run.critical_path() if critical_path and p == path_pe else None, dpi=dpi)
+        ax.set_gid(f"pe:{p}")
+        ax.set_ylabel(f"PE {p}" + (" (critical path)" if p == path_pe and critical_path else ""),
+                      fontweight="bold", fontsize=9)
+        if i % 2:
+            ax.set_facecolor("#F4F4F4")  # alternate PEs read apart at a glance
+    shades: set[int] = set()
+    for ax, c in zip(axes[len(shown):], chans):
+        shades |= _draw_channel(ax, steps[steps["channel"] == c], c, run, summary.loc[c].to_dict())
+        ax.set_gid(f"channel:{c}")
+    for ax in axes[:-1]:
+        ax.set_xlabel("")
+    axes[-1].set_xlabel("cycles")
+    cycle_axis(axes[-1].xaxis)
+    axes[0].set_xlim(*(window if window is not None else (0, run.cycles * 1.01 or 1)))
+    handles = _gantt_handles([_legend_of(run, log[log["pe"].isin(shown)], hatch,
+                                         int(sum(len(run.pe(p).holds()) for p in shown)) if holds else 0,
+                                         run.critical_path() if critical_path and path_pe in shown else None)])
+    for g in sorted(shades):
+        words = f"{g} flow{'s' if g > 1 else ''}" + (" or more" if g == max(FLOW_SHADES) else "")
+        handles.append(Patch(color=FLOW_SHADES[g], label=f"channel in use,\n{words}"))
+    if chans and math.isfinite(run.topology.channel_bytes_per_cycle):
+        handles.append(Line2D([], [], color=CHANNEL_COLOR, linestyle="--", linewidth=0.9, label="channel bandwidth"))
+    if handles:
+        fig.legend(handles=handles, loc="outside right upper", fontsize=8, frameon=False)
+    fig.suptitle(title or _title(run, shown, chans, path_pe), x=0.01, ha="left", fontsize=10)
+    return fig
