@@ -243,10 +243,8 @@ class Step:
                 run = max(self.attention_runs, key=lambda r: r.cycles)
                 pe = run.busiest_pe
                 mine = sum(1 for t in run.tasks if t.pe == pe)
-                dev = run.run
-                target = dev.pe(dev.last_pe()) if hasattr(dev, "last_pe") else dev
                 self._bound = (f"ahbm: busiest PE {pe} ({mine} task{'s' if mine > 1 else ''}); "
-                               f"{analysis.explain(target).short}")
+                               f"{analysis.explain(run.run).short}")
         return self._bound
 
     @property
