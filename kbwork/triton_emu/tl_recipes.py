@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal, Mapping
 
 from ..errors import ValidationError
@@ -156,7 +157,7 @@ class RecipeDescriptor:
                                         or math.isnan(default)):
                 raise ValidationError(f"{where}: param {p!r} has default {default!r}; use a number or None.")
 
-    @property
+    @cached_property
     def steps(self) -> tuple[tuple[str, tuple[str, ...], tuple[str, ...], str, dict], ...]:
         """Each step as ``(kind, operand ports, srcs, dst, scalars)``: what an expansion binds (checked at
         construction, so expanding only looks up names)."""
