@@ -248,7 +248,7 @@ class LoopHandle(Handle):
     ``kind`` is ``"rows"`` (``root`` sliced by ``chain``, pairs of affine
     bounds applied in order), ``"ring"`` (slot ``slot`` of ``slots``, then
     ``chain``) or ``"named"`` (``root`` itself, named ``prefix.name_at(i)`` +
-    ``suffix``).
+    ``suffix``, then ``chain``).
     """
 
     var: LoopVar | None = None
@@ -300,7 +300,7 @@ class LoopHandle(Handle):
                         f"rows {lo}:{hi}, outside {parent.name}'s {rows} rows. Fix the bounds or the loop's range.")
         if isinstance(parent, LoopHandle):
             base = dict(kind=parent.kind, root=parent.root, slots=parent.slots, slot=parent.slot,
-                        chain=parent.chain + ((start, stop),))
+                        chain=parent.chain + ((start, stop),), prefix=parent.prefix, suffix=parent.suffix)
         else:
             base = dict(kind="rows", root=parent, chain=((start, stop),))
         rep = _row_slice(parent, _at(start, 0), _at(stop, 0))
@@ -325,9 +325,10 @@ class LoopHandle(Handle):
         """The concrete handle of iteration ``i`` (0-based), named as a plain loop would name it."""
         if self.kind == "named":
             root = self.root
-            return Handle(self.prefix.name_at(i) + self.suffix, root.space, root.addr, root.shape, root.dtype,
-                          root.pinned, root.origin, root.channel)
-        h = self.root if self.kind == "rows" else self.slots[self.slot.at(i) % len(self.slots)]
+            h = Handle(self.prefix.name_at(i) + self.suffix, root.space, root.addr, root.shape, root.dtype,
+                       root.pinned, root.origin, root.channel)
+        else:
+            h = self.root if self.kind == "rows" else self.slots[self.slot.at(i) % len(self.slots)]
         for lo, hi in self.chain:
             h = _row_slice(h, _at(lo, i), _at(hi, i))
         return h
@@ -335,8 +336,9 @@ class LoopHandle(Handle):
     def name_at(self, i: int) -> str:
         """The name of iteration ``i``'s handle (``K[256:384]``)."""
         if self.kind == "named":
-            return self.prefix.name_at(i) + self.suffix
-        name = self.root.name if self.kind == "rows" else self.slots[self.slot.at(i) % len(self.slots)].name
+            name = self.prefix.name_at(i) + self.suffix
+        else:
+            name = self.root.name if self.kind == "rows" else self.slots[self.slot.at(i) % len(self.slots)].name
         for lo, hi in self.chain:
             name = f"{name}[{_at(lo, i)}:{_at(hi, i)}]"
         return name
@@ -375,7 +377,7 @@ class LoopHandle(Handle):
                 return _meets_affine(self.addr, self.stride, self.nbytes, other.addr, 0, other.nbytes, n)
             if self.kind == "ring" and not self.chain:
                 return any(x.overlaps(other) for x in self.slots)
-            if self.kind == "named":
+            if self.kind == "named" and not self.chain:
                 return self.root.overlaps(other)
         elif self.kind == "rows" and other.kind == "rows":
             return _meets_affine(self.addr, self.stride, self.nbytes, other.addr, other.stride, other.nbytes, n)
