@@ -238,7 +238,9 @@ class LoopHandle(Handle):
 
     Made by slicing a handle with a symbolic index (``K[j*T:(j+1)*T]``), by
     indexing a :class:`Ring` with one (``S[j + 1]``), or, for a TCM buffer
-    allocated in a body's scratch scope from such a handle, by its name. Its
+    allocated in a body's scratch scope, by its name: made from such a handle's
+    (``X[256:320]_tcm``), or from the command it serves (recipe scratch,
+    ``softmax_merges9.P``: a :class:`CommandName` prefix). Its
     own fields (``name``, ``addr``, ``shape``, ...) are iteration 0's, with the
     symbolic text as the name (error messages show it). :meth:`at` is the
     concrete :class:`Handle` of iteration ``i``; ``shape``, ``dtype``, ``space``
@@ -257,7 +259,7 @@ class LoopHandle(Handle):
     slots: tuple = ()
     slot: "Index | None" = None
     chain: tuple = ()
-    prefix: "LoopHandle | None" = None
+    prefix: "LoopHandle | CommandName | None" = None
     suffix: str = ""
 
     # --- construction ----------------------------------------------------------------------
@@ -308,7 +310,7 @@ class LoopHandle(Handle):
                           parent.channel, var=var, **base)
 
     @staticmethod
-    def named(root: Handle, prefix: "LoopHandle", suffix: str) -> "LoopHandle":
+    def named(root: Handle, prefix: "LoopHandle | CommandName", suffix: str) -> "LoopHandle":
         """``root`` (a fixed buffer) under the name ``prefix.name_at(i) + suffix`` in iteration ``i``."""
         return LoopHandle(prefix.name + suffix, root.space, root.addr, root.shape, root.dtype, root.pinned,
                           root.origin, root.channel, var=prefix.var, kind="named", root=root, prefix=prefix,
@@ -405,6 +407,37 @@ class LoopHandle(Handle):
     def __reduce__(self):
         raise ValidationError(f"loop handle {self.name!r} lives in its tl.range body only; it cannot be pickled "
                               f"or kept.")
+
+
+class CommandName:
+    """A name made from a command id in a ``tl.range`` body: ``<stem><id>`` with the id of iteration ``i``'s
+    instance of body command ``cmd`` (iteration 0's id), as a plain loop names it (``softmax_merges9``).
+
+    The prefix of a ``"named"`` :class:`LoopHandle`. The body's length is known once it has been traced
+    (``var.body_len``); only iteration 0's name is asked for before.
+    """
+
+    __slots__ = ("var", "stem", "cmd")
+
+    def __init__(self, var: LoopVar, stem: str, cmd: int):
+        self.var, self.stem, self.cmd = var, stem, cmd
+
+    @property
+    def name(self) -> str:
+        return f"{self.stem}{self.cmd}"
+
+    def name_at(self, i: int) -> str:
+        n = self.var.body_len
+        if i and n is None:
+            raise RuntimeError(f"{self.name}: the name of iteration {i} is asked for before the body was traced")
+        return f"{self.stem}{self.cmd + i * n}" if i else self.name
+
+    @property
+    def symbolic_key(self) -> tuple:
+        return ("cmd", id(self.var), self.stem, self.cmd)
+
+    def __repr__(self) -> str:
+        return f"CommandName({self.stem}<command {self.cmd} of iteration 0>)"
 
 
 class Ring:

@@ -354,3 +354,20 @@ def test_a_slice_of_a_tile_loaded_in_a_body_scope_is_that_slice_in_every_iterati
     assert traced.to_csv() == python.to_csv()
     assert np.array_equal(traced.read("o"), python.read("o"))
     assert traced.commands[-1].ops[0].operands["a"].name == "X[14:16]_tcm[1:2]"
+
+
+def test_a_recipe_in_a_body_under_a_scope_opened_outside_the_body_is_refused():
+    # a Python loop would allocate the recipe's scratch in that scope once per iteration; a body is traced once
+    sim = kbwork.Simulator(mode="timing")
+    V = sim.hbm("V", shape=(4, 1), dtype="fp32")
+
+    def kernel(tl):
+        s, m, l, O = (tl.full((1, 1), v, "fp32", name=n) for n, v in (("s", 0.0), ("m", -math.inf), ("l", 0.0),
+                                                                       ("O", 0.0)))
+        with tl.scratch_scope():
+            for j in tl.range(4):
+                tl.composite(op="gemm", b=V[j:j + 1], out=O,
+                             prologue=[{"op": "softmax_merge", "s": s, "m": m, "l": l, "O": O}])
+    with pytest.raises(TraceError, match=r"recipe 'softmax_merge' allocates its scratch in a tl\.scratch_scope\(\) "
+                                         r"opened outside the tl\.range body.*Open the scratch scope inside the body"):
+        sim.run(kernel)
