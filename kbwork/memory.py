@@ -93,20 +93,25 @@ class Origin:
 
     An arena's own origin (``arena.origin``) is alive as long as the arena is
     in use; a scope's origin dies when the scope exits. ``describe()`` says
-    where the handle came from, for error messages.
+    where the handle came from, for error messages. ``note`` names a scope
+    the kernel did not open itself (the body of an empty ``tl.range``, whose
+    allocations are undone when it has been traced).
     """
 
-    __slots__ = ("arena", "scope_depth", "alive", "closed_at")
+    __slots__ = ("arena", "scope_depth", "alive", "closed_at", "note")
 
-    def __init__(self, arena: "Arena", scope_depth: int = 0):
+    def __init__(self, arena: "Arena", scope_depth: int = 0, note: str = ""):
         self.arena = arena
         self.scope_depth = scope_depth
         self.alive = True
         self.closed_at: str = ""
+        self.note = note
 
     def describe(self) -> str:
         where = self.arena.label
-        if self.scope_depth:
+        if self.note:
+            where += f", in {self.note}"
+        elif self.scope_depth:
             where += f", inside a tl.scratch_scope() (depth {self.scope_depth})"
             if not self.alive:
                 where += f" that closed{(' ' + self.closed_at) if self.closed_at else ''}"
@@ -582,9 +587,11 @@ class Arena:
             self.live.pop()
             self.top = top
 
-    def mark(self) -> tuple[int, int]:
-        """Open a scratch scope: allocations until the matching :meth:`release` belong to it."""
-        self._scopes.append(Origin(self, len(self._scopes) + 1))
+    def mark(self, note: str = "") -> tuple[int, int]:
+        """Open a scratch scope: allocations until the matching :meth:`release` belong to it (``note``: a scope
+        the kernel did not open, see :class:`Origin`; it does not count in the depth of the scopes inside it)."""
+        depth = sum(1 for o in self._scopes if not o.note) + (0 if note else 1)
+        self._scopes.append(Origin(self, depth, note))
         return self.top, len(self.live)
 
     def release(self, mark: tuple[int, int], closed_at: str = "") -> None:
@@ -606,6 +613,9 @@ class Arena:
             return (f"handle {h.name!r} comes from {o.arena.label}, not {self.label}; "
                     + ("place the data on this simulator with sim.hbm(...)." if self.space == Space.HBM else
                        "TCM is fresh for every run: allocate it again in this kernel (tl.alloc/tl.full/tl.load)."))
+        if not o.alive and o.note:
+            return (f"handle {h.name!r} was made in {o.note}: such a body is traced but never runs, so what it "
+                    f"allocated is not in the program. Use it in a loop that runs, or make it before the loop.")
         if not o.alive:
             return (f"handle {h.name!r} was allocated inside a tl.scratch_scope() that has closed"
                     f"{(' ' + o.closed_at) if o.closed_at else ''}; its bytes may hold other data now. Use it inside "

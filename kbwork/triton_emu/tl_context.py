@@ -189,6 +189,11 @@ class TLContext:
         var = LoopVar(self._n_loops, n, start, step)
         self._n_loops += 1
         self._loop = _OpenLoop(var, self._ncmd, len(self._scopes), self._iter)
+        if not n:
+            # an empty range: the body is traced (its errors show), but what it allocates -- recipe scratch
+            # above all -- is undone when it closes, as a Python loop of no iterations allocates nothing
+            self._loop.undo = (self.tcm.mark(note="the body of an empty tl.range (0 iterations)"),
+                               len(self._recipe_scratch))
         if self._plain:
             self._segments.append(Plain(self._plain_first, tuple(self._plain)))
             self._plain = []
@@ -211,6 +216,11 @@ class TLContext:
         var.closed = True
         var.body_len = len(lp.body)
         self._loop = None
+        if lp.undo is not None:
+            mark, n_sets = lp.undo
+            self.tcm.release(mark, closed_at="when it had been traced")
+            for key in list(self._recipe_scratch)[n_sets:]:
+                del self._recipe_scratch[key]
         self._iter = lp.outer_iter
         loop = Loop(var.number, lp.first, tuple(lp.body), var.iterations, tuple(lp.iters), tuple(lp.waits),
                     loop_period(var), var)
@@ -716,10 +726,12 @@ def _check_list(seq: Any, what: str) -> None:
 class _OpenLoop:
     """A ``tl.range`` body being traced: its commands so far, their iter labels and waits."""
 
-    __slots__ = ("var", "first", "scope_depth", "outer_iter", "body", "iters", "waits")
+    __slots__ = ("var", "first", "scope_depth", "outer_iter", "body", "iters", "waits", "undo")
 
     def __init__(self, var: LoopVar, first: int, scope_depth: int, outer_iter: int | Index):
         self.var, self.first, self.scope_depth, self.outer_iter = var, first, scope_depth, outer_iter
+        #: an empty range: the TCM mark and the number of kernel-scope recipe scratch sets to return to
+        self.undo: tuple | None = None
         self.body: list[Command] = []
         self.iters: list[int | Index] = []
         self.waits: list[tuple[int, int, bool]] = []
