@@ -498,6 +498,12 @@ class Arena:
     HBM arenas grow on demand; TCM arenas have a fixed capacity and support
     nested scopes (``mark``/``release``) whose allocations are freed at exit.
     ``label`` says whose memory it is (error messages name it).
+
+    A TCM also allocates from its top end downward (``alloc(..., from_top=True)``:
+    kernel-scope recipe scratch, made on a recipe's first expansion wherever that
+    falls). The bytes below ``high`` are the bump region: a scratch scope's
+    bytes are never taken by such scratch, so the layout of the bump region does
+    not depend on when a recipe is first expanded. The two meet at overflow.
     """
 
     ALIGN = 64
@@ -508,6 +514,8 @@ class Arena:
         self.backed = backed
         self.label = label or f"a {space.value.upper()} arena"
         self.top = 0
+        #: the lowest byte allocated from the top end (the capacity while nothing is)
+        self.high = capacity
         self.live: list[Handle] = []
         #: the origin of allocations made outside any scratch scope
         self.origin = Origin(self)
@@ -524,15 +532,17 @@ class Arena:
 
     def __repr__(self) -> str:
         cap = "unbounded" if self.capacity is None else f"{self.capacity} B"
-        return f"Arena({self.label}, used={self.top} B, capacity={cap}, {len(self.live)} live)"
+        used = self.top + (0 if self.capacity is None else self.capacity - self.high)
+        return f"Arena({self.label}, used={used} B, capacity={cap}, {len(self.live)} live)"
 
     @property
     def free(self) -> int | None:
-        return None if self.capacity is None else self.capacity - self.top
+        return None if self.capacity is None else self.high - self.top
 
-    def alloc(self, name: str, shape: object, dtype: object, channel: int = 0) -> Handle:
+    def alloc(self, name: str, shape: object, dtype: object, channel: int = 0, *, from_top: bool = False) -> Handle:
         """Allocate a tensor and return its handle (origin: this arena, in the innermost open scope; an HBM
-        tensor lives on ``channel``).
+        tensor lives on ``channel``). ``from_top``: just below the bytes allocated from the top end of a TCM
+        (an unbounded arena allocates at its bump top either way).
 
         Raises:
             ValidationError: a bad name, shape or dtype, or a tensor too large to lay out.
@@ -547,12 +557,16 @@ class Arena:
         if nbytes > MAX_BYTES or (self.capacity is None and addr + nbytes > MAX_BYTES):
             raise ValidationError(f"tensor {name!r} of shape {shape} {dtype} needs {nbytes} B; kbwork lays out at most "
                                   f"{MAX_BYTES} B (1 TiB) per memory. Use a smaller shape.")
-        if self.capacity is not None and addr + nbytes > self.capacity:
+        from_top = from_top and self.capacity is not None
+        low = addr
+        if from_top:
+            addr = (self.high - nbytes) // self.ALIGN * self.ALIGN
+        if self.capacity is not None and (addr < low if from_top else addr + nbytes > self.high):
             holders = sorted(self.live, key=lambda h: (-h.nbytes, h.addr))[:8]
             held = "; ".join(f"{h.name} {h.nbytes} B" for h in holders) or "nothing"
             raise TcmOverflowError(
                 f"TCM overflow allocating {name!r} ({nbytes} B, shape {shape} {dtype}): only "
-                f"{max(0, self.capacity - addr)} B of {self.capacity} B are free. Largest holders: {held}. "
+                f"{max(0, self.high - low)} B of {self.capacity} B are free. Largest holders: {held}. "
                 f"Free space with tl.scratch_scope(), use smaller tiles, or raise tcm_bytes.")
         if self.backed and self.capacity is None and addr + nbytes > self.buf.size:
             try:
@@ -565,7 +579,10 @@ class Arena:
             grown[: self.buf.size] = self.buf
             self.buf = grown
             self._views.clear()  # the old views point into the old buffer
-        self.top = addr + nbytes
+        if from_top:
+            self.high = addr
+        else:
+            self.top = addr + nbytes
         h = Handle(name, self.space, addr, shape, dtype, self.space == Space.TCM,
                    self._scopes[-1] if self._scopes else self.origin, channel)
         self.live.append(h)
@@ -587,16 +604,16 @@ class Arena:
             self.live.pop()
             self.top = top
 
-    def mark(self, note: str = "") -> tuple[int, int]:
+    def mark(self, note: str = "") -> tuple[int, int, int | None]:
         """Open a scratch scope: allocations until the matching :meth:`release` belong to it (``note``: a scope
         the kernel did not open, see :class:`Origin`; it does not count in the depth of the scopes inside it)."""
         depth = sum(1 for o in self._scopes if not o.note) + (0 if note else 1)
         self._scopes.append(Origin(self, depth, note))
-        return self.top, len(self.live)
+        return self.top, len(self.live), self.high
 
-    def release(self, mark: tuple[int, int], closed_at: str = "") -> None:
-        """Close the innermost scratch scope: free its bytes, and its handles die."""
-        self.top, n = mark
+    def release(self, mark: tuple[int, int, int | None], closed_at: str = "") -> None:
+        """Close the innermost scratch scope: free its bytes (at both ends), and its handles die."""
+        self.top, n, self.high = mark
         del self.live[n:]
         if self._scopes:
             scope = self._scopes.pop()

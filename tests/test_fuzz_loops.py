@@ -521,11 +521,9 @@ class Gen:
                 items.append(self.scope(seg, room - 1))
             else:
                 items.append(self.cmd(seg))
-        # while test_a_recipe_after_a_scratch_scope_in_a_body_takes_the_same_tcm_as_the_python_loop fails, a
-        # body's scratch scope comes after the recipe expansions outside it (that bug moves the schedule)
-        blocks = [x for x in items if isinstance(x, ScopeBlock)]
-        if blocks and any(isinstance(x, Cmd) and x.what.startswith("merge") for x in items[items.index(blocks[0]):]):
-            items = [x for x in items if x is not blocks[0]] + blocks
+        blocks = [k for k, x in enumerate(items) if isinstance(x, ScopeBlock)]
+        if blocks and any(isinstance(x, Cmd) and x.what.startswith("merge") for x in items[blocks[0]:]):
+            self.features.add("recipe after a scratch scope in a body")  # rare: a few in 600 kernels
         # tl.wait on an earlier command of the same body (or segment)
         flat = [c for x in items for c in (x.items if isinstance(x, ScopeBlock) else [x])]
         for k, c in enumerate(flat):
@@ -1084,11 +1082,9 @@ def test_an_empty_loop_leaves_no_tcm_taken_and_its_handles_are_refused_after_it(
     assert got["python"] == got["tl.range"]
 
 
-@pytest.mark.xfail(strict=True, reason="a softmax_merge outside a scratch scope in a tl.range body, after one: its "
-                   "kernel-scope scratch is allocated in the bytes the scope released (0x28100); the Python loop's "
-                   "second iteration loads L above it (0x28240), the traced body reuses iteration 0's address, "
-                   "which overlaps the recipe scratch: a hazard the Python loop has not, 778 cycles instead of 710")
 def test_a_recipe_after_a_scratch_scope_in_a_body_takes_the_same_tcm_as_the_python_loop():
+    # kernel-scope recipe scratch comes from the top end of the TCM: it never takes the bytes the scope released,
+    # so L lies at one address in every iteration, in both forms, and overlaps no live buffer
     runs = []
     for loop in ("python", "tl.range"):
         sim = kbwork.Simulator(mode="timing")
@@ -1104,6 +1100,9 @@ def test_a_recipe_after_a_scratch_scope_in_a_body_takes_the_same_tcm_as_the_pyth
                 tl.composite(op="math", prologue=[{"op": "softmax_merge", "s": s, "m": m, "l": l, "O": O}])
         runs.append(sim.run(kernel))
     python, traced = runs
-    assert [c.dst.addr for c in traced.commands if isinstance(c, kbwork.DmaCmd)] == \
-        [c.dst.addr for c in python.commands if isinstance(c, kbwork.DmaCmd)]
+    loads = [c.dst for c in traced.commands if isinstance(c, kbwork.DmaCmd)]
+    assert [h.addr for h in loads] == [c.dst.addr for c in python.commands if isinstance(c, kbwork.DmaCmd)]
+    assert loads[0].addr == loads[1].addr
+    scratch = [h for c in traced.commands if isinstance(c, kbwork.CompositeCmd) for h in c.scratch]
+    assert scratch and not any(L.overlaps(h) for L in loads for h in scratch)
     assert traced.cycles == python.cycles and traced.to_csv() == python.to_csv()

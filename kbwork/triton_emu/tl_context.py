@@ -700,8 +700,11 @@ class TLContext:
         for s in rd.scratch:
             shape, dtype = s.resolve(operands, dtypes)
             # not self.alloc: kernel-scope scratch is allocated on a recipe's first expansion, in a tl.range
-            # body as anywhere (DESIGN.md §13), and reused by every later one
-            h = scratch[s.name] = self.tcm.alloc(f"{rd.name}{tag}.{s.name}", shape, dtype)
+            # body as anywhere (DESIGN.md §13), and reused by every later one. It comes from the top end of the
+            # TCM, so it never takes bytes a scratch scope released: a scope of a body then lies where it lay in
+            # iteration 0 in every iteration, in a Python loop as in the traced body
+            h = scratch[s.name] = self.tcm.alloc(f"{rd.name}{tag}.{s.name}", shape, dtype,
+                                                 from_top=not self._scopes)
             self._name(h)
             if self._scopes and per_iter is not None:
                 scratch[s.name] = LoopHandle.named(h, per_iter, f".{s.name}")
