@@ -93,20 +93,25 @@ class Origin:
 
     An arena's own origin (``arena.origin``) is alive as long as the arena is
     in use; a scope's origin dies when the scope exits. ``describe()`` says
-    where the handle came from, for error messages.
+    where the handle came from, for error messages. ``note`` names a scope
+    the kernel did not open itself (the body of an empty ``tl.range``, whose
+    allocations are undone when it has been traced).
     """
 
-    __slots__ = ("arena", "scope_depth", "alive", "closed_at")
+    __slots__ = ("arena", "scope_depth", "alive", "closed_at", "note")
 
-    def __init__(self, arena: "Arena", scope_depth: int = 0):
+    def __init__(self, arena: "Arena", scope_depth: int = 0, note: str = ""):
         self.arena = arena
         self.scope_depth = scope_depth
         self.alive = True
         self.closed_at: str = ""
+        self.note = note
 
     def describe(self) -> str:
         where = self.arena.label
-        if self.scope_depth:
+        if self.note:
+            where += f", in {self.note}"
+        elif self.scope_depth:
             where += f", inside a tl.scratch_scope() (depth {self.scope_depth})"
             if not self.alive:
                 where += f" that closed{(' ' + self.closed_at) if self.closed_at else ''}"
@@ -238,7 +243,9 @@ class LoopHandle(Handle):
 
     Made by slicing a handle with a symbolic index (``K[j*T:(j+1)*T]``), by
     indexing a :class:`Ring` with one (``S[j + 1]``), or, for a TCM buffer
-    allocated in a body's scratch scope from such a handle, by its name. Its
+    allocated in a body's scratch scope, by its name: made from such a handle's
+    (``X[256:320]_tcm``), or from the command it serves (recipe scratch,
+    ``softmax_merges9.P``: a :class:`CommandName` prefix). Its
     own fields (``name``, ``addr``, ``shape``, ...) are iteration 0's, with the
     symbolic text as the name (error messages show it). :meth:`at` is the
     concrete :class:`Handle` of iteration ``i``; ``shape``, ``dtype``, ``space``
@@ -248,7 +255,7 @@ class LoopHandle(Handle):
     ``kind`` is ``"rows"`` (``root`` sliced by ``chain``, pairs of affine
     bounds applied in order), ``"ring"`` (slot ``slot`` of ``slots``, then
     ``chain``) or ``"named"`` (``root`` itself, named ``prefix.name_at(i)`` +
-    ``suffix``).
+    ``suffix``, then ``chain``).
     """
 
     var: LoopVar | None = None
@@ -257,7 +264,7 @@ class LoopHandle(Handle):
     slots: tuple = ()
     slot: "Index | None" = None
     chain: tuple = ()
-    prefix: "LoopHandle | None" = None
+    prefix: "LoopHandle | CommandName | None" = None
     suffix: str = ""
 
     # --- construction ----------------------------------------------------------------------
@@ -300,7 +307,7 @@ class LoopHandle(Handle):
                         f"rows {lo}:{hi}, outside {parent.name}'s {rows} rows. Fix the bounds or the loop's range.")
         if isinstance(parent, LoopHandle):
             base = dict(kind=parent.kind, root=parent.root, slots=parent.slots, slot=parent.slot,
-                        chain=parent.chain + ((start, stop),))
+                        chain=parent.chain + ((start, stop),), prefix=parent.prefix, suffix=parent.suffix)
         else:
             base = dict(kind="rows", root=parent, chain=((start, stop),))
         rep = _row_slice(parent, _at(start, 0), _at(stop, 0))
@@ -308,7 +315,7 @@ class LoopHandle(Handle):
                           parent.channel, var=var, **base)
 
     @staticmethod
-    def named(root: Handle, prefix: "LoopHandle", suffix: str) -> "LoopHandle":
+    def named(root: Handle, prefix: "LoopHandle | CommandName", suffix: str) -> "LoopHandle":
         """``root`` (a fixed buffer) under the name ``prefix.name_at(i) + suffix`` in iteration ``i``."""
         return LoopHandle(prefix.name + suffix, root.space, root.addr, root.shape, root.dtype, root.pinned,
                           root.origin, root.channel, var=prefix.var, kind="named", root=root, prefix=prefix,
@@ -325,9 +332,10 @@ class LoopHandle(Handle):
         """The concrete handle of iteration ``i`` (0-based), named as a plain loop would name it."""
         if self.kind == "named":
             root = self.root
-            return Handle(self.prefix.name_at(i) + self.suffix, root.space, root.addr, root.shape, root.dtype,
-                          root.pinned, root.origin, root.channel)
-        h = self.root if self.kind == "rows" else self.slots[self.slot.at(i) % len(self.slots)]
+            h = Handle(self.prefix.name_at(i) + self.suffix, root.space, root.addr, root.shape, root.dtype,
+                       root.pinned, root.origin, root.channel)
+        else:
+            h = self.root if self.kind == "rows" else self.slots[self.slot.at(i) % len(self.slots)]
         for lo, hi in self.chain:
             h = _row_slice(h, _at(lo, i), _at(hi, i))
         return h
@@ -335,8 +343,9 @@ class LoopHandle(Handle):
     def name_at(self, i: int) -> str:
         """The name of iteration ``i``'s handle (``K[256:384]``)."""
         if self.kind == "named":
-            return self.prefix.name_at(i) + self.suffix
-        name = self.root.name if self.kind == "rows" else self.slots[self.slot.at(i) % len(self.slots)].name
+            name = self.prefix.name_at(i) + self.suffix
+        else:
+            name = self.root.name if self.kind == "rows" else self.slots[self.slot.at(i) % len(self.slots)].name
         for lo, hi in self.chain:
             name = f"{name}[{_at(lo, i)}:{_at(hi, i)}]"
         return name
@@ -375,7 +384,7 @@ class LoopHandle(Handle):
                 return _meets_affine(self.addr, self.stride, self.nbytes, other.addr, 0, other.nbytes, n)
             if self.kind == "ring" and not self.chain:
                 return any(x.overlaps(other) for x in self.slots)
-            if self.kind == "named":
+            if self.kind == "named" and not self.chain:
                 return self.root.overlaps(other)
         elif self.kind == "rows" and other.kind == "rows":
             return _meets_affine(self.addr, self.stride, self.nbytes, other.addr, other.stride, other.nbytes, n)
@@ -403,6 +412,37 @@ class LoopHandle(Handle):
     def __reduce__(self):
         raise ValidationError(f"loop handle {self.name!r} lives in its tl.range body only; it cannot be pickled "
                               f"or kept.")
+
+
+class CommandName:
+    """A name made from a command id in a ``tl.range`` body: ``<stem><id>`` with the id of iteration ``i``'s
+    instance of body command ``cmd`` (iteration 0's id), as a plain loop names it (``softmax_merges9``).
+
+    The prefix of a ``"named"`` :class:`LoopHandle`. The body's length is known once it has been traced
+    (``var.body_len``); only iteration 0's name is asked for before.
+    """
+
+    __slots__ = ("var", "stem", "cmd")
+
+    def __init__(self, var: LoopVar, stem: str, cmd: int):
+        self.var, self.stem, self.cmd = var, stem, cmd
+
+    @property
+    def name(self) -> str:
+        return f"{self.stem}{self.cmd}"
+
+    def name_at(self, i: int) -> str:
+        n = self.var.body_len
+        if i and n is None:
+            raise RuntimeError(f"{self.name}: the name of iteration {i} is asked for before the body was traced")
+        return f"{self.stem}{self.cmd + i * n}" if i else self.name
+
+    @property
+    def symbolic_key(self) -> tuple:
+        return ("cmd", id(self.var), self.stem, self.cmd)
+
+    def __repr__(self) -> str:
+        return f"CommandName({self.stem}<command {self.cmd} of iteration 0>)"
 
 
 class Ring:
@@ -458,6 +498,12 @@ class Arena:
     HBM arenas grow on demand; TCM arenas have a fixed capacity and support
     nested scopes (``mark``/``release``) whose allocations are freed at exit.
     ``label`` says whose memory it is (error messages name it).
+
+    A TCM also allocates from its top end downward (``alloc(..., from_top=True)``:
+    kernel-scope recipe scratch, made on a recipe's first expansion wherever that
+    falls). The bytes below ``high`` are the bump region: a scratch scope's
+    bytes are never taken by such scratch, so the layout of the bump region does
+    not depend on when a recipe is first expanded. The two meet at overflow.
     """
 
     ALIGN = 64
@@ -468,6 +514,8 @@ class Arena:
         self.backed = backed
         self.label = label or f"a {space.value.upper()} arena"
         self.top = 0
+        #: the lowest byte allocated from the top end (the capacity while nothing is)
+        self.high = capacity
         self.live: list[Handle] = []
         #: the origin of allocations made outside any scratch scope
         self.origin = Origin(self)
@@ -484,15 +532,17 @@ class Arena:
 
     def __repr__(self) -> str:
         cap = "unbounded" if self.capacity is None else f"{self.capacity} B"
-        return f"Arena({self.label}, used={self.top} B, capacity={cap}, {len(self.live)} live)"
+        used = self.top + (0 if self.capacity is None else self.capacity - self.high)
+        return f"Arena({self.label}, used={used} B, capacity={cap}, {len(self.live)} live)"
 
     @property
     def free(self) -> int | None:
-        return None if self.capacity is None else self.capacity - self.top
+        return None if self.capacity is None else self.high - self.top
 
-    def alloc(self, name: str, shape: object, dtype: object, channel: int = 0) -> Handle:
+    def alloc(self, name: str, shape: object, dtype: object, channel: int = 0, *, from_top: bool = False) -> Handle:
         """Allocate a tensor and return its handle (origin: this arena, in the innermost open scope; an HBM
-        tensor lives on ``channel``).
+        tensor lives on ``channel``). ``from_top``: just below the bytes allocated from the top end of a TCM
+        (an unbounded arena allocates at its bump top either way).
 
         Raises:
             ValidationError: a bad name, shape or dtype, or a tensor too large to lay out.
@@ -507,12 +557,16 @@ class Arena:
         if nbytes > MAX_BYTES or (self.capacity is None and addr + nbytes > MAX_BYTES):
             raise ValidationError(f"tensor {name!r} of shape {shape} {dtype} needs {nbytes} B; kbwork lays out at most "
                                   f"{MAX_BYTES} B (1 TiB) per memory. Use a smaller shape.")
-        if self.capacity is not None and addr + nbytes > self.capacity:
+        from_top = from_top and self.capacity is not None
+        low = addr
+        if from_top:
+            addr = (self.high - nbytes) // self.ALIGN * self.ALIGN
+        if self.capacity is not None and (addr < low if from_top else addr + nbytes > self.high):
             holders = sorted(self.live, key=lambda h: (-h.nbytes, h.addr))[:8]
             held = "; ".join(f"{h.name} {h.nbytes} B" for h in holders) or "nothing"
             raise TcmOverflowError(
                 f"TCM overflow allocating {name!r} ({nbytes} B, shape {shape} {dtype}): only "
-                f"{max(0, self.capacity - addr)} B of {self.capacity} B are free. Largest holders: {held}. "
+                f"{max(0, self.high - low)} B of {self.capacity} B are free. Largest holders: {held}. "
                 f"Free space with tl.scratch_scope(), use smaller tiles, or raise tcm_bytes.")
         if self.backed and self.capacity is None and addr + nbytes > self.buf.size:
             try:
@@ -525,7 +579,10 @@ class Arena:
             grown[: self.buf.size] = self.buf
             self.buf = grown
             self._views.clear()  # the old views point into the old buffer
-        self.top = addr + nbytes
+        if from_top:
+            self.high = addr
+        else:
+            self.top = addr + nbytes
         h = Handle(name, self.space, addr, shape, dtype, self.space == Space.TCM,
                    self._scopes[-1] if self._scopes else self.origin, channel)
         self.live.append(h)
@@ -547,14 +604,16 @@ class Arena:
             self.live.pop()
             self.top = top
 
-    def mark(self) -> tuple[int, int]:
-        """Open a scratch scope: allocations until the matching :meth:`release` belong to it."""
-        self._scopes.append(Origin(self, len(self._scopes) + 1))
-        return self.top, len(self.live)
+    def mark(self, note: str = "") -> tuple[int, int, int | None]:
+        """Open a scratch scope: allocations until the matching :meth:`release` belong to it (``note``: a scope
+        the kernel did not open, see :class:`Origin`; it does not count in the depth of the scopes inside it)."""
+        depth = sum(1 for o in self._scopes if not o.note) + (0 if note else 1)
+        self._scopes.append(Origin(self, depth, note))
+        return self.top, len(self.live), self.high
 
-    def release(self, mark: tuple[int, int], closed_at: str = "") -> None:
-        """Close the innermost scratch scope: free its bytes, and its handles die."""
-        self.top, n = mark
+    def release(self, mark: tuple[int, int, int | None], closed_at: str = "") -> None:
+        """Close the innermost scratch scope: free its bytes (at both ends), and its handles die."""
+        self.top, n, self.high = mark
         del self.live[n:]
         if self._scopes:
             scope = self._scopes.pop()
@@ -571,6 +630,9 @@ class Arena:
             return (f"handle {h.name!r} comes from {o.arena.label}, not {self.label}; "
                     + ("place the data on this simulator with sim.hbm(...)." if self.space == Space.HBM else
                        "TCM is fresh for every run: allocate it again in this kernel (tl.alloc/tl.full/tl.load)."))
+        if not o.alive and o.note:
+            return (f"handle {h.name!r} was made in {o.note}: such a body is traced but never runs, so what it "
+                    f"allocated is not in the program. Use it in a loop that runs, or make it before the loop.")
         if not o.alive:
             return (f"handle {h.name!r} was allocated inside a tl.scratch_scope() that has closed"
                     f"{(' ' + o.closed_at) if o.closed_at else ''}; its bytes may hold other data now. Use it inside "

@@ -34,9 +34,11 @@ class LoopVar:
     ``closed`` is set when the body has been traced (an :class:`Index` of a
     closed loop used later is refused). ``periods`` collects the ring periods
     the body indexes with its index (``n / gcd(a, n)`` for ``ring[a·i + b]``).
+    ``body_len`` is the body's number of commands, set when it has been traced
+    (None while it is being traced).
     """
 
-    __slots__ = ("number", "iterations", "start", "step", "closed", "periods", "text")
+    __slots__ = ("number", "iterations", "start", "step", "closed", "periods", "text", "body_len")
 
     def __init__(self, number: int, iterations: int, start: int = 0, step: int = 1, text: str = "j"):
         self.number = number
@@ -45,6 +47,7 @@ class LoopVar:
         self.closed = False
         self.periods: set[int] = set()
         self.text = text
+        self.body_len: int | None = None
 
     def j_at(self, i: int) -> int:
         """The loop's ``j`` in iteration ``i`` (``start + step·i``)."""

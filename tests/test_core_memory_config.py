@@ -133,6 +133,41 @@ def test_scratch_scope_releases_tcm_at_exit():
     assert not got["keep"].overlaps(got["reuse"])
 
 
+def test_kernel_scope_recipe_scratch_comes_from_the_top_of_the_tcm_and_the_two_ends_meet_at_overflow():
+    from kbwork.memory import Arena
+    tcm = Arena(Space.TCM, 4096, backed=False)
+    low = tcm.alloc("low", (16,), "fp32")
+    mark = tcm.mark()
+    scoped = tcm.alloc("scoped", (100,), "fp32")
+    top = tcm.alloc("top", (10,), "fp32", from_top=True)           # 40 B, aligned down below 4096
+    assert (low.addr, scoped.addr, top.addr, tcm.high) == (0, 64, 4032, 4032) and tcm.free == 4032 - 464
+    tcm.release(mark)                                               # a scope gives back both ends
+    assert (tcm.top, tcm.high) == (64, 4096)
+    tcm.alloc("top", (10,), "fp32", from_top=True)
+    tcm.alloc("fill", (992,), "fp32")                               # 64 + 3968 = 4032: up to the top end
+    with pytest.raises(TcmOverflowError, match=r"'more' \(4 B.*only 0 B of 4096 B are free"):
+        tcm.alloc("more", (1,), "fp32", from_top=True)
+    with pytest.raises(TcmOverflowError, match=r"only 0 B of 4096 B are free"):
+        tcm.alloc("more", (1,), "fp32")
+
+    sim = kbwork.Simulator(mode="timing")
+    got = {}
+
+    def kernel(tl):
+        s, m, l, O = (tl.full((1, 1), v, "fp32", name=n) for n, v in (("s", 0.0), ("m", -np.inf), ("l", 0.0),
+                                                                       ("O", 0.0)))
+        with tl.scratch_scope():
+            got["released"] = tl.alloc((8, 8), name="released")
+        merged = tl.composite(op="math", prologue=[{"op": "softmax_merge", "s": s, "m": m, "l": l, "O": O}])
+        got["P"] = merged.primary_out
+        got["after"] = tl.alloc((8, 8), name="after")
+
+    sim.run(kernel)
+    # the recipe's scratch takes none of the bytes the scope released; the next allocation does
+    assert got["P"].addr > got["after"].addr and got["after"].addr == got["released"].addr
+    assert got["P"].end <= TCM_BYTES and not got["P"].overlaps(got["after"])
+
+
 def test_every_run_starts_with_a_fresh_tcm_and_keeps_its_own_numbers():
     sim = kbwork.Simulator(mode="data")
     x = sim.hbm("x", np.arange(8, dtype=np.float32).reshape(2, 4))

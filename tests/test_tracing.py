@@ -336,3 +336,38 @@ def test_a_streaming_kernel_is_the_same_program_in_both_forms():
     (_, t1, _), (_, d1, n1), (_, t2, _), (_, d2, n2) = logs
     assert t1 == t2 and d1 == d2 and np.array_equal(n1, n2)
     assert "dma_load X[448:512]" in t2 and "X[448:512]_tcm" not in t2
+
+
+def test_a_slice_of_a_tile_loaded_in_a_body_scope_is_that_slice_in_every_iteration():
+    # the loaded tile is named after its source (X[2:4]_tcm in iteration 1); a row slice of it keeps that name
+    def kernel(tl, X, loop):
+        o = tl.full((1, 32), 0.0, "fp32", name="o")
+        for j in range(8) if loop == "python" else tl.range(8):
+            with tl.scratch_scope():
+                xt = tl.load(X[2 * j:2 * j + 2])
+                tl.composite(op="math", math_op="copy", a=xt[1:2], out=o, label="copy row")
+    runs = []
+    for loop in ("python", "tl.range"):
+        sim, X, _, _ = _sim(mode="data", rows=2)
+        runs.append(sim.run(kernel, X, loop))
+    python, traced = runs
+    assert traced.to_csv() == python.to_csv()
+    assert np.array_equal(traced.read("o"), python.read("o"))
+    assert traced.commands[-1].ops[0].operands["a"].name == "X[14:16]_tcm[1:2]"
+
+
+def test_a_recipe_in_a_body_under_a_scope_opened_outside_the_body_is_refused():
+    # a Python loop would allocate the recipe's scratch in that scope once per iteration; a body is traced once
+    sim = kbwork.Simulator(mode="timing")
+    V = sim.hbm("V", shape=(4, 1), dtype="fp32")
+
+    def kernel(tl):
+        s, m, l, O = (tl.full((1, 1), v, "fp32", name=n) for n, v in (("s", 0.0), ("m", -math.inf), ("l", 0.0),
+                                                                       ("O", 0.0)))
+        with tl.scratch_scope():
+            for j in tl.range(4):
+                tl.composite(op="gemm", b=V[j:j + 1], out=O,
+                             prologue=[{"op": "softmax_merge", "s": s, "m": m, "l": l, "O": O}])
+    with pytest.raises(TraceError, match=r"recipe 'softmax_merge' allocates its scratch in a tl\.scratch_scope\(\) "
+                                         r"opened outside the tl\.range body.*Open the scratch scope inside the body"):
+        sim.run(kernel)

@@ -151,7 +151,7 @@ def _span_maker(h: Handle) -> tuple:
         return (1, h.span[0], h.addr, h.stride, h.nbytes)
     if h.kind == "ring" and not h.chain:
         return (2, tuple(x.span for x in h.slots), h.slot.a, h.slot.b)
-    if h.kind == "named":
+    if h.kind == "named" and not h.chain:
         return (0, h.span)
     return (3, h)
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..config import Topology
 from ..errors import TraceError, ValidationError
-from ..memory import DTYPE_MAX, DTYPES, Arena, Handle, LoopHandle, Memory, Ring, Space
+from ..memory import DTYPE_MAX, DTYPES, Arena, CommandName, Handle, LoopHandle, Memory, Ring, Space
 from ..pe.commands import Command, Completion, CompositeCmd, DmaCmd, OpSpec, Scope
 from ..pe.ops import OPS
 from ..pe.program import Loop, Plain, Trace, loop_period
@@ -189,6 +189,11 @@ class TLContext:
         var = LoopVar(self._n_loops, n, start, step)
         self._n_loops += 1
         self._loop = _OpenLoop(var, self._ncmd, len(self._scopes), self._iter)
+        if not n:
+            # an empty range: the body is traced (its errors show), but what it allocates -- recipe scratch
+            # above all -- is undone when it closes, as a Python loop of no iterations allocates nothing
+            self._loop.undo = (self.tcm.mark(note="the body of an empty tl.range (0 iterations)"),
+                               len(self._recipe_scratch))
         if self._plain:
             self._segments.append(Plain(self._plain_first, tuple(self._plain)))
             self._plain = []
@@ -209,7 +214,13 @@ class TLContext:
         lp = self._loop
         var = lp.var
         var.closed = True
+        var.body_len = len(lp.body)
         self._loop = None
+        if lp.undo is not None:
+            mark, n_sets = lp.undo
+            self.tcm.release(mark, closed_at="when it had been traced")
+            for key in list(self._recipe_scratch)[n_sets:]:
+                del self._recipe_scratch[key]
         self._iter = lp.outer_iter
         loop = Loop(var.number, lp.first, tuple(lp.body), var.iterations, tuple(lp.iters), tuple(lp.waits),
                     loop_period(var), var)
@@ -639,7 +650,7 @@ class TLContext:
                 raise ValidationError(f"{where}: param {p!r} has no default; pass it, e.g. {{..., {p!r}: 1e-6}}.")
             check_scalar(where, p, v)
             params[p] = v
-        scratch = self._recipe_scratch_for(rd, operands)
+        scratch = self._recipe_scratch_for(rd, operands, where)
         env: dict[str, Handle] = {**operands, **scratch}
         specs = []
         for kind, ports, srcs, dst, scalars in rd.steps:
@@ -649,17 +660,34 @@ class TLContext:
         primary = scratch[rd.primary_out.name] if rd.primary_out is not None else None
         return specs, rw, tuple(scratch.values()), primary
 
-    def _recipe_scratch_for(self, rd: RecipeDescriptor, operands: Mapping[str, Handle]) -> dict[str, Handle]:
+    def _recipe_scratch_for(self, rd: RecipeDescriptor, operands: Mapping[str, Handle],
+                            where: str) -> dict[str, Handle]:
         """The recipe's scratch: fresh in the innermost open scratch scope, else a kernel-scope set.
 
         Kernel-scope scratch is allocated once per (recipe, RW operand
         addresses, operand shapes and dtypes), so a loop does not grow the TCM.
         Composites sharing it are ordered by the hazard rules: scratch counts
         as written by every composite that expands the recipe (DESIGN.md §5).
+        Scope scratch is named after the command it serves (``softmax_merges9.P``
+        for command #9); in a ``tl.range`` body, after that command's instance
+        in each iteration, as the same kernel written with a Python loop names it.
+
+        Raises:
+            TraceError: in a tl.range body whose innermost open scratch scope was opened outside the body
+                (the scratch would be allocated there once for every iteration).
         """
         dtypes = frozenset(DTYPES)
+        lp = self._loop
         if self._scopes:
+            if lp is not None and len(self._scopes) <= lp.scope_depth:
+                raise TraceError(f"{where} allocates its scratch in a tl.scratch_scope() opened outside the "
+                                 f"tl.range body: the body is traced once, so it would allocate that scratch "
+                                 f"once for every iteration. Open the scratch scope inside the body, or expand the "
+                                 f"recipe outside any scratch scope (kernel-scope scratch, reused by every "
+                                 f"expansion).")
             tag: object = f"s{self._ncmd}"
+            # named after this command's instance in each iteration of the body being traced
+            per_iter = CommandName(lp.var, f"{rd.name}s", self._ncmd) if lp is not None else None
         else:
             key = (rd.name,) + tuple((n, (h.symbolic_key if isinstance(h, LoopHandle) else h.addr)
                                       if rd.operands[n] == "RW" else -1, h.shape, h.dtype)
@@ -672,9 +700,14 @@ class TLContext:
         for s in rd.scratch:
             shape, dtype = s.resolve(operands, dtypes)
             # not self.alloc: kernel-scope scratch is allocated on a recipe's first expansion, in a tl.range
-            # body as anywhere (DESIGN.md §13), and reused by every later one
-            h = scratch[s.name] = self.tcm.alloc(f"{rd.name}{tag}.{s.name}", shape, dtype)
+            # body as anywhere (DESIGN.md §13), and reused by every later one. It comes from the top end of the
+            # TCM, so it never takes bytes a scratch scope released: a scope of a body then lies where it lay in
+            # iteration 0 in every iteration, in a Python loop as in the traced body
+            h = scratch[s.name] = self.tcm.alloc(f"{rd.name}{tag}.{s.name}", shape, dtype,
+                                                 from_top=not self._scopes)
             self._name(h)
+            if self._scopes and per_iter is not None:
+                scratch[s.name] = LoopHandle.named(h, per_iter, f".{s.name}")
         if not self._scopes:
             self._recipe_scratch[key] = scratch
         return scratch
@@ -696,10 +729,12 @@ def _check_list(seq: Any, what: str) -> None:
 class _OpenLoop:
     """A ``tl.range`` body being traced: its commands so far, their iter labels and waits."""
 
-    __slots__ = ("var", "first", "scope_depth", "outer_iter", "body", "iters", "waits")
+    __slots__ = ("var", "first", "scope_depth", "outer_iter", "body", "iters", "waits", "undo")
 
     def __init__(self, var: LoopVar, first: int, scope_depth: int, outer_iter: int | Index):
         self.var, self.first, self.scope_depth, self.outer_iter = var, first, scope_depth, outer_iter
+        #: an empty range: the TCM mark and the number of kernel-scope recipe scratch sets to return to
+        self.undo: tuple | None = None
         self.body: list[Command] = []
         self.iters: list[int | Index] = []
         self.waits: list[tuple[int, int, bool]] = []
