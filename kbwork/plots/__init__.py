@@ -1357,3 +1357,6 @@ def gate_map(grid: pd.DataFrame, ax: plt.Axes | None = None, threshold: float = 
     ax.set_ylabel("FIXED (cycles per command)")
     ax.set_title(f"gate opt3 > {threshold:g} x opt2 holds above the white line", loc="left", fontsize=10)
     return ax
+
+
+from .model import contention, ping_pong_gain, tokens_per_s, tokens_per_s_grid, variant_ratio  # noqa: E402,F401
