@@ -149,7 +149,7 @@ class StepPanel:
         Returns:
             The new :attr:`state`: the values, ``pes``, ``cases`` (one dict per case: ``label``,
             ``variant``, ``placement``, ``schedule``, ``tokens_per_s``, ``seconds``, ``bound_kind``, the
-            ``bound`` it is held to and ``of_bound``), ``tokens_per_s`` (label -> tokens/s) and ``bounds``
+            ``physical_bound`` it is held to and ``of_bound``), ``tokens_per_s`` (label -> tokens/s) and ``bounds``
             (bound kind -> the most tokens/s).
 
         Raises:
@@ -182,7 +182,7 @@ class StepPanel:
             kind = bound_kind_of(p, s)
             rows.append({"label": label, "variant": v if p == "ahbm" else "-", "placement": p, "schedule": s,
                          "tokens_per_s": st.tokens_per_s, "seconds": st.seconds, "bound_kind": st.bound_kind,
-                         "bound": kind, "of_bound": st.tokens_per_s / self.bound.tokens_per_s(kind)})
+                         "physical_bound": kind, "of_bound": st.tokens_per_s / self.bound.tokens_per_s(kind)})
         self.state = {**values, "pes": dev.pes, "cases": rows,
                       "tokens_per_s": {r["label"]: r["tokens_per_s"] for r in rows},
                       "bounds": {k: self.bound.tokens_per_s(k) for k in self._bound_kinds()}}

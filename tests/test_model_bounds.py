@@ -64,13 +64,15 @@ def test_with_bounds_adds_each_row_s_bound():
                          "schedule": ["serial", "ping_pong", "serial"], "tokens_per_s": [100.0, 200.0, 300.0],
                          "channel_bytes_per_cycle": [40, 80, 40]})
     out = mdl.with_bounds(rows)
-    assert list(out["bound"]) == ["ahbm_serial", "ahbm", "host"]
+    assert list(out["physical_bound"]) == ["ahbm_serial", "ahbm", "host"]
     b40 = mdl.physical_bound("llama-3-8b", [2048] * 4)
     b80 = mdl.physical_bound("llama-3-8b", [2048] * 4, channel_bytes_per_cycle=80)
     assert list(out["bound_tokens_per_s"]) == pytest.approx([b40.tokens_per_s("ahbm_serial"),
                                                              b80.tokens_per_s("ahbm"), b40.tokens_per_s("host")])
     assert list(out["of_bound"]) == pytest.approx(list(rows.tokens_per_s / out.bound_tokens_per_s))
-    assert "bound" not in rows.columns   # a copy
+    assert "physical_bound" not in rows.columns   # a copy
+    with_own = mdl.with_bounds(rows.assign(bound="host bandwidth"))
+    assert list(with_own["bound"]) == ["host bandwidth"] * 3     # the sweep's own column is kept
     with pytest.raises(ValidationError, match="columns"):
         mdl.with_bounds(rows.drop(columns="schedule"))
 

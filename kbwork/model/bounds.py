@@ -161,8 +161,9 @@ def bound_kind_of(placement: str, schedule: str) -> str:
 
 def with_bounds(sweep: pd.DataFrame, *, host: Any = "h200", device: Any = DEVICE_V1) -> pd.DataFrame:
     """A :func:`kbwork.model.sweep` (or :func:`kbwork.model.compare` with ``model``, ``batch`` and
-    ``context`` columns) with each row's physical bound: ``bound`` (its kind, :func:`bound_kind_of`),
-    ``bound_tokens_per_s`` and ``of_bound`` (``tokens_per_s / bound_tokens_per_s``, at most 1).
+    ``context`` columns) with each row's physical bound: ``physical_bound`` (its kind, :func:`bound_kind_of`),
+    ``bound_tokens_per_s`` and ``of_bound`` (``tokens_per_s / bound_tokens_per_s``, at most 1). The sweep's
+    own ``bound`` and ``bound_kind`` (what takes the largest share of the step) stay as they are.
 
     Every sequence of a row has the row's ``context`` (as in a sweep). Host and device keys that are
     columns of ``sweep`` (a swept ``hbm_tb_s`` or ``channel_bytes_per_cycle``) are applied per row.
@@ -189,7 +190,7 @@ def with_bounds(sweep: pd.DataFrame, *, host: Any = "h200", device: Any = DEVICE
         kinds.append(kind)
         tps.append(cache[key].tokens_per_s(kind))
     out = sweep.copy()
-    out["bound"] = kinds
+    out["physical_bound"] = kinds
     out["bound_tokens_per_s"] = tps
     out["of_bound"] = out["tokens_per_s"] / out["bound_tokens_per_s"]
     return out

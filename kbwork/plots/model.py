@@ -23,7 +23,7 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullForma
 from ..errors import ValidationError
 from ..model.bounds import BOUND_KINDS, bound_kind_of, physical_bound
 from ..model.device import DEVICE_V1, load_device
-from ..model.files import load_host
+from ..model.files import load_host, load_model
 from . import VALUE_WORDS, _variant_colors
 
 #: The GPU alone's colour.
@@ -106,9 +106,10 @@ def _bound_curves(model: str, x: str, xs: np.ndarray, other: int, kinds: list[st
                   device: Any) -> dict[str, np.ndarray]:
     """The most tokens/s of each bound kind at every x (``other`` is the batch, or the context)."""
     out = {k: np.empty(len(xs)) for k in kinds}
+    m, h, d = load_model(model), load_host(host), load_device(device)   # read the files once
     for i, v in enumerate(xs):
         batch, context = (other, int(v)) if x == "context" else (int(v), other)
-        b = physical_bound(model, [context] * batch, host=host, device=device)
+        b = physical_bound(m, [context] * batch, host=h, device=d)
         for k in kinds:
             out[k][i] = b.tokens_per_s(k)
     return out
@@ -257,11 +258,12 @@ def ping_pong_gain(sweep: pd.DataFrame, x: str = "batch", *, ax: plt.Axes | None
         _, ax = plt.subplots(figsize=(7, 4), layout="constrained")
     models = [m for m in dict.fromkeys(dev["model"]) if m in set(gain.index.get_level_values("model"))]
     colors = _variant_colors(sorted(set(gain.index.get_level_values("variant"))))
-    styles = ["-", "--", ":", "-."]
+    styles, markers = ["-", "--", ":", "-."], ["o", "s", "^", "D"]
     for i, m in enumerate(models):
         for v in dict.fromkeys(gain.xs(m, level="model").index.get_level_values("variant")):
             g = gain.xs((m, v), level=("model", "variant")).sort_index()
-            ax.plot(g.index.to_numpy(float), g.to_numpy(), marker="o", linestyle=styles[i % len(styles)],
+            ax.plot(g.index.to_numpy(float), g.to_numpy(), marker=markers[i % len(markers)],
+                    linestyle=styles[i % len(styles)],
                     color=colors.get(v), label=f"{m}, {v}", gid=f"gain:{m}:{v}")
     ax.axhline(1.0, color="black", linestyle=":", linewidth=1)
     _log2_x(ax, x, gain.index.get_level_values(x))
@@ -303,14 +305,15 @@ def variant_ratio(sweep: pd.DataFrame, x: str = "context", *, baseline: str = "o
         _, ax = plt.subplots(figsize=(7, 4), layout="constrained")
     variants = [v for v in wide.columns if v != baseline]
     colors = _variant_colors(sorted(wide.columns))
-    styles = ["-", "--", ":", "-."]
+    styles, markers = ["-", "--", ":", "-."], ["o", "s", "^", "D"]
     xs_all = []
     for i, m in enumerate(dict.fromkeys(dev["model"])):
         w = wide.xs(m, level="model")
         for v in variants:
             r = (w[v] / w[baseline]).dropna().sort_index()
             xs_all += list(r.index)
-            ax.plot(r.index.to_numpy(float), r.to_numpy(), marker="o", linestyle=styles[i % len(styles)],
+            ax.plot(r.index.to_numpy(float), r.to_numpy(), marker=markers[i % len(markers)],
+                    linestyle=styles[i % len(styles)],
                     color=colors[v], label=f"{m}: {v} / {baseline}", gid=f"variant:{m}:{v}")
     ax.axhline(1.0, color="black", linestyle=":", linewidth=1)
     _log2_x(ax, x, xs_all)
