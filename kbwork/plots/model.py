@@ -24,7 +24,7 @@ from ..errors import ValidationError
 from ..model.bounds import BOUND_KINDS, bound_kind_of, physical_bound
 from ..model.device import DEVICE_V1, load_device
 from ..model.files import load_host, load_model
-from . import VALUE_WORDS, _variant_colors
+from . import VALUE_WORDS, VARIANT_COLORS, _variant_colors
 
 #: The GPU alone's colour.
 HOST_COLOR = "#000000"
@@ -155,7 +155,8 @@ def tokens_per_s(sweep: pd.DataFrame, x: str = "context", *, ax: plt.Axes | None
     if ax is None:
         _, ax = plt.subplots(figsize=(7.5, 4.6), layout="constrained")
     keys = list(dict.fromkeys(zip(sweep["placement"], sweep["variant"], sweep["schedule"])))
-    keys.sort(key=lambda k: (k[0] == "host", k[2] != "serial", k[1]))
+    order = {v: i for i, v in enumerate(VARIANT_COLORS)}          # opt2, opt3, a1, then any other
+    keys.sort(key=lambda k: (k[0] == "host", k[2] != "serial", order.get(k[1], len(order)), k[1]))
     colors = _variant_colors(sorted({v for p, v, _ in keys if p != "host"}))
     every_x = sorted(set(sweep[x]))
     for placement, variant, schedule in keys:
