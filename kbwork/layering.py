@@ -61,7 +61,7 @@ RANKS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("kernels", ("kernels",)),
     ("decode", ("decode",)),
     ("model", ("model",)),
-    ("what users touch", ("plots", "widgets", "cli", "golden", "layering")),
+    ("what users touch", ("plots", "widgets", "model_panel", "cli", "golden", "layering")),
     ("bench", ("bench",)),
     ("entry point", ("__main__",)),
 )

@@ -11,9 +11,12 @@ The pieces: :mod:`.files` (model and host files), :mod:`.host` (the GEMM
 roofline and the GPU-only attention), :mod:`.tasks` (the mapping of a layer's
 decode tasks to PEs), :mod:`.device` (the device and one layer's attention on
 it), :mod:`.schedule` (serial and ping-pong as a list schedule), :mod:`.steps`
-and :mod:`.sweeps`; :mod:`.cli` is the ``kbwork step`` command.
+and :mod:`.sweeps`, :mod:`.bounds` (the physical lower bound on a step) and :mod:`.contention` (one task
+beside others on a shared channel); :mod:`.cli` is the ``kbwork step`` command.
 """
 
+from .bounds import BOUND_KINDS, PhysicalBound, physical_bound, with_bounds
+from .contention import per_head_contention
 from .device import DEVICE_V1, Device, load_device
 from .files import Host, Model, load_host, load_model
 from .host import Gemm, HostAttention, gemm, host_attention, layer_gemms, lm_head
@@ -25,4 +28,5 @@ from .tasks import Padding, Task, assign_tasks
 __all__ = ["step", "compare", "sweep", "Step", "AttentionRun", "load_model", "load_host", "load_device", "Model",
            "Host", "Device", "Task", "Padding", "assign_tasks", "gemm", "Gemm", "layer_gemms", "lm_head",
            "host_attention", "HostAttention", "Job", "list_schedule", "DEVICE_V1", "DEFAULT_VARIANTS",
-           "PLACEMENTS", "SWEEP_AXES"]
+           "PLACEMENTS", "SWEEP_AXES", "physical_bound", "PhysicalBound", "with_bounds", "BOUND_KINDS",
+           "per_head_contention"]

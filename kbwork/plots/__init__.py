@@ -1360,3 +1360,4 @@ def gate_map(grid: pd.DataFrame, ax: plt.Axes | None = None, threshold: float = 
 
 
 from .device import device_gantt  # noqa: E402  (it draws with the helpers above)
+from .model import contention, ping_pong_gain, tokens_per_s, tokens_per_s_grid, variant_ratio  # noqa: E402,F401
