@@ -32,6 +32,7 @@ def tiny(monkeypatch):
     monkeypatch.setattr(device, "AB_PASSES", 2)
     monkeypatch.setattr(device, "AB_FULL_RUNS", 1)
     monkeypatch.setattr(device, "AB_STEADY_RUNS", 1)
+    monkeypatch.setattr(device, "AB_MIN_SECONDS", 0.0)
     monkeypatch.setattr(device, "AB_VARIANTS", ("opt2",))
     monkeypatch.setattr(model, "MODEL", "llama-3-8b")
     monkeypatch.setattr(model, "BATCH", 2)
@@ -90,6 +91,9 @@ def test_device_suite_runs_at_tiny_sizes_and_writes_its_rows(tiny, tmp_path, cap
     assert shared["cycles"] == shared["cycles_plain"] > shared["cycles_ref"]  # four PEs share one channel
     assert len(shared["steady_loops"]) == 4
     assert all(r["variant"] == "opt2" and r["kv_len"] == 512 for r in result["rows"][2:])
+    for r in result["rows"][2:]:  # the best of each interpreter's runs, which are at least one
+        assert all(n >= 1 for n in r["passes"]["num_runs"] + r["passes"]["den_runs"])
+        assert all(b <= m for b, m in zip(r["passes"]["num"], r["passes"]["num_median"]))
     info = result["before"]
     assert info["before"] == str(ROOT) and "skipped" not in info and len(info["load_after_each_pass"]) == 2
     assert info["kbwork_before"].startswith(str(ROOT)) and info["kbwork_now"].startswith(str(ROOT))
@@ -208,3 +212,15 @@ def test_before_applies_to_the_device_suite_only(capsys):
     with pytest.raises(SystemExit) as exc:
         bench.main(["--suite", "model", "--before", "/tmp"])
     assert exc.value.code == 2 and "--before applies to --suite device only" in capsys.readouterr().err
+
+
+def test_interleaved_may_collect_garbage_before_each_timed_call(monkeypatch):
+    import gc
+
+    from kbwork.bench.loops import interleaved
+
+    calls = []
+    monkeypatch.setattr(gc, "collect", lambda *a: calls.append("gc"))
+    interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, 0.0, repeats=2, warmup=1,
+                collect=True)
+    assert calls == ["a", "b"] + ["gc", "a", "gc", "b"] * 2

@@ -23,8 +23,10 @@ so that a slowdown of the shared machine lands on both sides:
    against the same on the code before the device work (commit
    :data:`AB_COMMIT`; target <= 1.1x). Each side runs in its own interpreter
    (``PYTHONPATH`` naming its checkout), the two alternating, :data:`AB_PASSES`
-   passes; each interpreter reports the best of :data:`AB_FULL_RUNS` full runs
-   and :data:`AB_STEADY_RUNS` steady ones per variant. The old code is the
+   passes; each interpreter reports, per variant, the best of at least
+   :data:`AB_FULL_RUNS` full runs and :data:`AB_STEADY_RUNS` steady ones, and
+   at least :data:`AB_MIN_SECONDS` of each (the garbage collector run before
+   every run). The old code is the
    commit's tree, extracted with ``git archive`` into a temporary directory
    (or a checkout given as ``before=``); when the commit is not in this clone
    the row says so and is skipped.
@@ -42,6 +44,7 @@ and that each interpreter of row 3 imported kbwork from its own checkout.
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import json
 import os
@@ -67,6 +70,8 @@ AB_COMMIT = "99ec8f0"
 AB_KV = 32768
 AB_PASSES = 5
 AB_FULL_RUNS, AB_STEADY_RUNS = 7, 15
+#: Each figure of an interpreter is the best of at least that many runs and at least this many seconds of them.
+AB_MIN_SECONDS = 1.0
 AB_VARIANTS = ("opt2", "opt3")
 
 TARGETS = {"device": 15.0, "shared": 10.0, "before": 1.1}
@@ -152,6 +157,7 @@ def breakdown(pes: int, kv_len: int, calls: int = BREAKDOWN_CALLS) -> dict[str, 
     run = None
     for _ in range(calls):
         run = None
+        gc.collect()
         t0 = time.perf_counter()
         sim, launches = device_launches(pes, kv_len)
         t1 = time.perf_counter()
@@ -195,26 +201,30 @@ def profile_device(pes: int, kv_len: int, top: int = PROFILE_TOP) -> dict[str, A
 
 
 # --- row 3: against the code before the device work -------------------------------------------------------
-#: Run in a fresh interpreter whose PYTHONPATH names one checkout: the best of k one-PE timing runs.
+#: Run in a fresh interpreter whose PYTHONPATH names one checkout: per variant and path, one untimed run, then
+#: runs until there are at least k of them and ``min_s`` seconds of them; their best, median and count.
 AB_SCRIPT = """
-import json, os, sys, time
+import gc, json, os, statistics, sys, time
 root, kv, full_k, steady_k = os.path.realpath(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+min_s = float(sys.argv[6])
 import kbwork
 from kbwork import decode
 if not os.path.realpath(kbwork.__file__).startswith(root + os.sep):
     raise SystemExit(f"kbwork was imported from {kbwork.__file__}, not from {root}")
 def best(f, k):
     ts = []
-    for _ in range(k):
+    while len(ts) < k or sum(ts) < min_s:
+        gc.collect()
         t = time.perf_counter(); f(); ts.append(time.perf_counter() - t)
-    return min(ts)
+    return min(ts), statistics.median(ts), len(ts)
 out = {}
 for v in sys.argv[5].split(","):
     decode.run(v, kv_len=kv, mode="timing", steady_state=False)
     out[v + " full"] = best(lambda: decode.run(v, kv_len=kv, mode="timing", steady_state=False), full_k)
     decode.run(v, kv_len=kv, mode="timing")
     out[v + " steady"] = best(lambda: decode.run(v, kv_len=kv, mode="timing"), steady_k)
-print(json.dumps({"kbwork": kbwork.__file__, "seconds": out}))
+print(json.dumps({"kbwork": kbwork.__file__, "seconds": {k: x[0] for k, x in out.items()},
+                  "median": {k: x[1] for k, x in out.items()}, "runs": {k: x[2] for k, x in out.items()}}))
 """
 
 
@@ -222,12 +232,14 @@ def ab_once(checkout: Path, kv_len: int, full_runs: int, steady_runs: int,
             variants: tuple[str, ...] | None = None) -> dict[str, Any]:
     """One fresh interpreter on ``checkout`` (its PYTHONPATH, started in an empty directory so the current
     one shadows nothing): the best one-PE run of each variant (:data:`AB_VARIANTS`), full and steady, in
-    seconds."""
+    seconds (``seconds``), over at least ``full_runs`` / ``steady_runs`` runs and :data:`AB_MIN_SECONDS` of
+    them (their ``median`` and count, ``runs``, too)."""
     variants = AB_VARIANTS if variants is None else variants
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     with tempfile.TemporaryDirectory(prefix="kbwork-ab-") as cwd:
         p = subprocess.run([sys.executable, "-c", AB_SCRIPT, str(checkout), str(kv_len), str(full_runs),
-                            str(steady_runs), ",".join(variants)], env=env, cwd=cwd, capture_output=True, text=True)
+                            str(steady_runs), ",".join(variants), repr(AB_MIN_SECONDS)], env=env, cwd=cwd,
+                           capture_output=True, text=True)
     if p.returncode:
         last = ((p.stderr or p.stdout).strip().splitlines() or ["(no output)"])[-1]
         raise RuntimeError(f"the one-PE run on {checkout} failed (status {p.returncode}): {last}")
@@ -281,11 +293,15 @@ def before_rows(before: Path | None = None, kv_len: int | None = None, passes: i
             info["before"] = str(before)
         sides = {"before": before, "now": ROOT}
         figures: dict[str, list[dict[str, float]]] = {"before": [], "now": []}
+        medians: dict[str, list[dict[str, float]]] = {"before": [], "now": []}
+        counts: dict[str, list[dict[str, int]]] = {"before": [], "now": []}
         loads = []
         for _ in tqdm(range(passes), desc="device: before vs now", disable=not show_progress):
             for side, checkout in sides.items():  # before, now, before, now, ...
                 got = ab_once(checkout, kv_len, full_runs, steady_runs)
                 figures[side].append(got["seconds"])
+                medians[side].append(got["median"])
+                counts[side].append(got["runs"])
                 info[f"kbwork_{side}"] = got["kbwork"]
             loads.append(os.getloadavg()[0])
         info["load_after_each_pass"] = loads
@@ -300,7 +316,11 @@ def before_rows(before: Path | None = None, kv_len: int | None = None, passes: i
                                   f"{', steady_state=False' if full else ''}) on this checkout",
                      "den_label": f"the same on commit {AB_COMMIT} (before the device work)",
                      "kv_len": kv_len, "unit": "s",
-                     "passes": {"num": num, "den": den, "ratio": [a / b for a, b in zip(num, den)]},
+                     "passes": {"num": num, "den": den, "ratio": [a / b for a, b in zip(num, den)],
+                                "num_median": [f[key] for f in medians["now"]],
+                                "den_median": [f[key] for f in medians["before"]],
+                                "num_runs": [f[key] for f in counts["now"]],
+                                "den_runs": [f[key] for f in counts["before"]]},
                      "num": min(num), "den": min(den)})
         rows[-1]["ratio"] = rows[-1]["num"] / rows[-1]["den"]
     return rows, info
@@ -329,7 +349,7 @@ def run_suite(*, kv_len: int | None = None, device_pes: int | None = None, share
         row["passes"] = {"num": [], "den": [], "ratio": []}
     for p in range(passes):
         for row, (num, den) in tqdm(cases, desc=f"device pass {p + 1}/{passes}", disable=not show_progress):
-            t = interleaved({"num": num, "den": den}, min_seconds, warmup=WARMUP_RUNS)
+            t = interleaved({"num": num, "den": den}, min_seconds, warmup=WARMUP_RUNS, collect=True)
             row["passes"]["num"].append(t["num"])
             row["passes"]["den"].append(t["den"])
             row["passes"]["ratio"].append(t["num"] / t["den"])
