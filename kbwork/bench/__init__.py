@@ -8,6 +8,9 @@ each timing-mode stage graph in SimPy (checking every start and end against
 kbwork's), runs the bare heap floor on it, and times one vectorised numpy
 attention for data mode. ``--suite steady`` measures the exact steady state (``bench/steady.py``);
 ``--suite loops`` measures the four targets of loops as data, each a ratio (``bench/loops.py``);
+``--suite device`` a device run against one PE's and the one-PE run against the code before the device
+work (``bench/device.py``); ``--suite model`` a model's decode step against one head's run and a sweep of
+steps serially against Dask (``bench/model.py``);
 ``--suite gemm`` times the GEMM benches instead; ``--suite panel`` times a
 slider move in the calibration panel, end to end in JupyterLab in headless Chromium
 (:mod:`kbwork.bench.panel`).
@@ -363,14 +366,20 @@ def main(argv: list[str] | None = None) -> int:
     from ..errors import KbworkError
 
     p = ArgumentParser(prog="kbwork bench", description=__doc__.splitlines()[0])
-    p.add_argument("--suite", choices=["decode", "gemm", "panel", "steady", "loops"], default="decode",
+    p.add_argument("--suite", choices=["decode", "gemm", "panel", "steady", "loops", "device", "model"],
+                   default="decode",
                    help="what to time: decode (default; opt2 and opt3 at each --kv-lens, timing and data mode, "
                         "against SimPy, the heap floor and numpy), gemm (the GEMM benches at each --scales), "
                         "panel (a calibration-panel slider move in JupyterLab in headless Chromium), steady "
                         "(the exact steady state against the full run, a sweep serially, on processes and on Dask, "
                         "cold start), loops (four ratios, each side measured interleaved in one run: the steady "
                         "state at 16M vs 4k tokens, the full run vs a bare heap loop, data mode vs a numpy "
-                        "flash-decode, a data-mode compare's peak memory vs its float32 K and V; fixed sizes)")
+                        "flash-decode, a data-mode compare's peak memory vs its float32 K and V; fixed sizes), "
+                        "device (ratios, each side measured interleaved: 96 PEs of ahbm-device-v1 vs one PE's run, "
+                        "4 PEs sharing a channel vs one PE's run, the one-PE run vs the code before the device "
+                        "work), model (ratios: a Llama-3-70B decode step at batch 64 vs one head's run, uniform "
+                        "and mixed contexts; a 200-point model sweep serially vs a 2-worker Dask cluster; and the "
+                        "interactive step at batch 16)")
     p.add_argument("--kv-lens", type=int_list, default=None,
                    help=f"kv lengths, multiples of {TILE} (comma-separated; default "
                         f"{','.join(map(str, DEFAULT_KV))}, and {PANEL_KV} for the panel)")
@@ -385,13 +394,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--moves", type=positive_int, default=9, help="panel suite: timed moves per pass (default 9)")
     p.add_argument("--sweep-points", type=positive_int, default=10_000,
                    help="steady suite: points of the sweep timed serially, on processes and on Dask (default 10000)")
-    p.add_argument("--no-dask", action="store_true", help="steady suite: skip the Dask LocalCluster sweep")
+    p.add_argument("--no-dask", action="store_true",
+                   help="steady and model suites: skip the Dask LocalCluster sweep")
+    p.add_argument("--before", type=Path, default=None, metavar="DIR",
+                   help="device suite: a checkout of the code before the device work to measure the one-PE run "
+                        "against (default: its commit extracted from this clone with git archive)")
     p.add_argument("--profile", type=positive_int, metavar="KV_LEN",
                    help=f"instead: print phase timings and a cProfile summary of one opt3 run at KV_LEN "
                         f"(a multiple of {TILE})")
     args = p.parse_args(argv)
     if args.suite == "loops" and args.kv_lens is not None:
         p.error("--kv-lens does not apply to --suite loops: its sizes are fixed (16M and 4k, 32k, 256k tokens)")
+    if args.suite in ("device", "model") and args.kv_lens is not None:
+        p.error(f"--kv-lens does not apply to --suite {args.suite}: its sizes are fixed (32k tokens per task)")
+    if args.before is not None and args.suite != "device":
+        p.error("--before applies to --suite device only")
     if args.kv_lens is None:
         from .steady import DEFAULT_KV as STEADY_KV
 
@@ -429,6 +446,8 @@ def main(argv: list[str] | None = None) -> int:
             return _steady_suite(args)
         if args.suite == "loops":
             return _loops_suite(args)
+        if args.suite in ("device", "model"):
+            return _ratio_suite(args)
         if not args.no_refs:
             try:
                 import simpy  # noqa: F401
@@ -509,6 +528,37 @@ def _loops_suite(args: argparse.Namespace) -> int:
         print(f"kbwork bench: error: could not write {exc.filename!r}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     print(f"\nwrote {args.out / 'loops.json'}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def _ratio_suite(args: argparse.Namespace) -> int:
+    """``--suite device`` or ``--suite model``: run it, print its table, write ``<suite>.json``."""
+    from .. import atomic
+
+    if args.suite == "device":
+        from .device import checks_failed, format_suite, run_suite
+
+        result = run_suite(before=args.before)
+    else:
+        from .model import checks_failed, format_suite, run_suite
+
+        if args.no_dask:
+            print("kbwork bench: note: --no-dask: the sweep row is skipped", file=sys.stderr)
+        result = run_suite(dask=not args.no_dask)
+    result["machine"] = _machine()
+    for line in format_suite(result):
+        print(line)
+    bad = checks_failed(result)
+    for line in bad:
+        print(f"CHECK FAILED: {line}", file=sys.stderr)
+    name = f"{args.suite}.json"
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+        atomic.write_text(args.out / name, json.dumps(result, indent=1, default=float))
+    except OSError as exc:
+        print(f"kbwork bench: error: could not write {exc.filename!r}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    print(f"\nwrote {args.out / name}", file=sys.stderr)
     return 1 if bad else 0
 
 

@@ -39,6 +39,7 @@ runs the full one, and the numpy floor reproduces ``decode.run``'s O.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import math
 import os
@@ -102,13 +103,15 @@ def numpy_flash_decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, tile: int = 
 
 
 def interleaved(fns: dict[str, Callable[[], Any]], min_seconds: float, repeats: int = 5,
-                warmup: int = 2, max_rounds: int = 2000) -> dict[str, float]:
+                warmup: int = 2, max_rounds: int = 2000, collect: bool = False) -> dict[str, float]:
     """Median wall time of each of ``fns``, called in turn, one call of each per round.
 
     Rounds continue until every function has had at least ``repeats`` calls and
     ``min_seconds`` of calls (or ``max_rounds`` rounds), after ``warmup``
     untimed rounds. A function's previous result is dropped before its clock
-    starts.
+    starts; with ``collect``, the cyclic garbage collector also runs then
+    (``gc.collect()``), so that the collection a large result's garbage calls
+    for is not paid inside the next call, which may be the other side's.
     """
     last: dict[str, Any] = {}
     for _ in range(warmup):
@@ -121,6 +124,8 @@ def interleaved(fns: dict[str, Callable[[], Any]], min_seconds: float, repeats: 
     while rounds < max_rounds and any(len(times[n]) < repeats or total[n] < min_seconds for n in fns):
         for name, fn in fns.items():
             last[name] = None
+            if collect:
+                gc.collect()
             t0 = time.perf_counter()
             last[name] = fn()
             dt = time.perf_counter() - t0
