@@ -102,35 +102,53 @@ def numpy_flash_decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, tile: int = 
     return O / l
 
 
+#: The slowest warm-up call, in seconds, from which :func:`interleaved` calls the faster sides several times a round.
+BATCH_FROM_SECONDS = 0.01
+
+
 def interleaved(fns: dict[str, Callable[[], Any]], min_seconds: float, repeats: int = 5,
-                warmup: int = 2, max_rounds: int = 2000, collect: bool = False) -> dict[str, float]:
-    """Median wall time of each of ``fns``, called in turn, one call of each per round.
+                warmup: int = 2, max_rounds: int = 2000, collect: bool = False,
+                max_calls_per_round: int = 200) -> dict[str, float]:
+    """Median wall time of each of ``fns``, called in turn, round after round.
 
     Rounds continue until every function has had at least ``repeats`` calls and
     ``min_seconds`` of calls (or ``max_rounds`` rounds), after ``warmup``
-    untimed rounds. A function's previous result is dropped before its clock
-    starts; with ``collect``, the cyclic garbage collector also runs then
-    (``gc.collect()``), so that the collection a large result's garbage calls
-    for is not paid inside the next call, which may be the other side's.
+    untimed rounds. In a round each function is called about as many times as
+    the slowest one's time over its own (from the last warm-up call; at most
+    ``max_calls_per_round``), so that the two sides of a ratio share the same
+    minutes of the machine and a side 150 times faster than the other does not
+    make the slow side run 150 times over. A function's previous result is
+    dropped before its clock starts; with ``collect``, the cyclic garbage
+    collector also runs then (``gc.collect()``), so that the collection a large
+    result's garbage calls for is not paid inside the next call, which may be
+    the other side's.
     """
     last: dict[str, Any] = {}
+    est = dict.fromkeys(fns, 0.0)
     for _ in range(warmup):
         for name, fn in fns.items():
             last[name] = None
+            t0 = time.perf_counter()
             last[name] = fn()
+            est[name] = time.perf_counter() - t0
+    slowest = max(est.values(), default=0.0)
+    # Below BATCH_FROM_SECONDS a round is short anyway, and timer noise on tiny calls would decide the counts.
+    per_round = {n: 1 if slowest < BATCH_FROM_SECONDS or est[n] <= 0 else
+                 max(1, min(max_calls_per_round, int(slowest / est[n]))) for n in fns}
     times: dict[str, list[float]] = {name: [] for name in fns}
     total = dict.fromkeys(fns, 0.0)
     rounds = 0
     while rounds < max_rounds and any(len(times[n]) < repeats or total[n] < min_seconds for n in fns):
         for name, fn in fns.items():
-            last[name] = None
-            if collect:
-                gc.collect()
-            t0 = time.perf_counter()
-            last[name] = fn()
-            dt = time.perf_counter() - t0
-            times[name].append(dt)
-            total[name] += dt
+            for _ in range(per_round[name]):
+                last[name] = None
+                if collect:
+                    gc.collect()
+                t0 = time.perf_counter()
+                last[name] = fn()
+                dt = time.perf_counter() - t0
+                times[name].append(dt)
+                total[name] += dt
         rounds += 1
     return {name: statistics.median(t) for name, t in times.items()}
 
