@@ -119,7 +119,8 @@ def interleaved(fns: dict[str, Callable[[], Any]], min_seconds: float, repeats: 
     minutes of the machine and a side 150 times faster than the other does not
     make the slow side run 150 times over. A function's previous result is
     dropped before its clock starts; with ``collect``, the cyclic garbage
-    collector also runs then (``gc.collect()``), so that the collection a large
+    collector also runs before each side's first call of a round
+    (``gc.collect()``; with a large result alive it takes tens of ms), so that the collection a large
     result's garbage calls for is not paid inside the next call, which may be
     the other side's.
     """
@@ -140,9 +141,9 @@ def interleaved(fns: dict[str, Callable[[], Any]], min_seconds: float, repeats: 
     rounds = 0
     while rounds < max_rounds and any(len(times[n]) < repeats or total[n] < min_seconds for n in fns):
         for name, fn in fns.items():
-            for _ in range(per_round[name]):
+            for k in range(per_round[name]):
                 last[name] = None
-                if collect:
+                if collect and k == 0:  # the other side's garbage; a side's own repeats leave little
                     gc.collect()
                 t0 = time.perf_counter()
                 last[name] = fn()
