@@ -115,7 +115,7 @@ def test_interleaved_calls_a_fast_side_several_times_per_round_of_a_slow_one():
         calls.append("f")
         _time.sleep(0.005)
 
-    t = interleaved({"s": slow, "f": fast}, 0.1, repeats=2, warmup=1)
+    t = interleaved({"s": slow, "f": fast}, 0.1, repeats=2, warmup=1, batch=True)
     timed = calls[2:]
     assert set(t) == {"s", "f"} and timed[0] == "s"
     # each round is one slow call, then the fast ones; the fast side gets at least 3 per slow call

@@ -349,7 +349,7 @@ def run_suite(*, kv_len: int | None = None, device_pes: int | None = None, share
         row["passes"] = {"num": [], "den": [], "ratio": []}
     for p in range(passes):
         for row, (num, den) in tqdm(cases, desc=f"device pass {p + 1}/{passes}", disable=not show_progress):
-            t = interleaved({"num": num, "den": den}, min_seconds, warmup=WARMUP_RUNS, collect=True)
+            t = interleaved({"num": num, "den": den}, min_seconds, warmup=WARMUP_RUNS, collect=True, batch=True)
             row["passes"]["num"].append(t["num"])
             row["passes"]["den"].append(t["den"])
             row["passes"]["ratio"].append(t["num"] / t["den"])

@@ -108,16 +108,18 @@ BATCH_FROM_SECONDS = 0.01
 
 def interleaved(fns: dict[str, Callable[[], Any]], min_seconds: float, repeats: int = 5,
                 warmup: int = 2, max_rounds: int = 2000, collect: bool = False,
-                max_calls_per_round: int = 200) -> dict[str, float]:
+                batch: bool = False, max_calls_per_round: int = 200) -> dict[str, float]:
     """Median wall time of each of ``fns``, called in turn, round after round.
 
     Rounds continue until every function has had at least ``repeats`` calls and
     ``min_seconds`` of calls (or ``max_rounds`` rounds), after ``warmup``
-    untimed rounds. In a round each function is called about as many times as
-    the slowest one's time over its own (from the last warm-up call; at most
-    ``max_calls_per_round``), so that the two sides of a ratio share the same
-    minutes of the machine and a side 150 times faster than the other does not
-    make the slow side run 150 times over. A function's previous result is
+    untimed rounds. A round calls each function once; with ``batch``, each is
+    called about as many times as the slowest one's time over its own (from the
+    last warm-up call; at most ``max_calls_per_round``), so that a side 150
+    times faster than the other does not make the slow side run 150 times over
+    (the model suite's steps against one head's run). Without it, every call
+    follows the other side's, which is what the loops suite's floors are
+    measured under (a floor called again and again runs on warm caches). A function's previous result is
     dropped before its clock starts; with ``collect``, the cyclic garbage
     collector also runs before each side's first call of a round
     (``gc.collect()``; with a large result alive it takes tens of ms), so that the collection a large
@@ -134,7 +136,7 @@ def interleaved(fns: dict[str, Callable[[], Any]], min_seconds: float, repeats: 
             est[name] = time.perf_counter() - t0
     slowest = max(est.values(), default=0.0)
     # Below BATCH_FROM_SECONDS a round is short anyway, and timer noise on tiny calls would decide the counts.
-    per_round = {n: 1 if slowest < BATCH_FROM_SECONDS or est[n] <= 0 else
+    per_round = {n: 1 if not batch or slowest < BATCH_FROM_SECONDS or est[n] <= 0 else
                  max(1, min(max_calls_per_round, int(slowest / est[n]))) for n in fns}
     times: dict[str, list[float]] = {name: [] for name in fns}
     total = dict.fromkeys(fns, 0.0)

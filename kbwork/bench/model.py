@@ -214,7 +214,7 @@ def interactive(min_seconds: float, cold_runs: int = COLD_RUNS) -> list[dict[str
 
     fns = {f"{m} batch {b} context {c}": (lambda m=m, b=b, c=c: model.step(m, [c] * b, variant=VARIANT))
            for m, b, c in INTERACTIVE}
-    warm = interleaved(fns, min_seconds, warmup=WARMUP_RUNS, collect=True)
+    warm = interleaved(fns, min_seconds, warmup=WARMUP_RUNS, collect=True, batch=True)
     out = []
     for (m, b, c), name in zip(INTERACTIVE, fns):
         cold = [cold_step(m, b, c) for _ in range(cold_runs)]
@@ -243,7 +243,7 @@ def run_suite(*, dask: bool = True, min_seconds: float | None = None, passes: in
         row["passes"] = {"num": [], "den": [], "ratio": []}
     for p in range(passes):
         for row, (num, den) in tqdm(cases, desc=f"model pass {p + 1}/{passes}", disable=not show_progress):
-            t = interleaved({"num": num, "den": den}, min_seconds, warmup=WARMUP_RUNS, collect=True)
+            t = interleaved({"num": num, "den": den}, min_seconds, warmup=WARMUP_RUNS, collect=True, batch=True)
             row["passes"]["num"].append(t["num"])
             row["passes"]["den"].append(t["den"])
             row["passes"]["ratio"].append(t["num"] / t["den"])
