@@ -486,7 +486,8 @@ def simulate_device(programs: dict[int, list[Program]], topo, tensors: Sequence[
     from .steady import simulate_group, simulate_pe
 
     uses = {pe: uses_of(programs[pe]) for pe in programs}
-    check_isolation(programs, tensors, uses)
+    if len(programs) > 1:  # isolation is between PEs: one PE's launches may share its bytes
+        check_isolation(programs, tensors, uses)
     shared = contended_channels(programs, topo, uses)
     grouped = groups(programs, shared, uses)
     if not reduce:
@@ -496,10 +497,11 @@ def simulate_device(programs: dict[int, list[Program]], topo, tensors: Sequence[
     red = Reductions(pes=len(programs), groups=len(grouped), simulated=0, contended_channels=tuple(shared))
     out: dict[int, tuple] = {}
     seen: dict[tuple, tuple[list[int], tuple[str, ...]]] = {}
-    index = tensor_index(tensors)
+    # replication needs a second group to replicate to; data mode computes every PE's numbers
+    keyed = memories is None and reduce and len(grouped) > 1
+    index = tensor_index(tensors) if keyed else None
     for group in grouped:
-        key, names, chans = (None, (), ()) if memories is not None or not reduce else \
-            group_key(group, programs, tensors, shared, index)
+        key, names, chans = group_key(group, programs, tensors, shared, index) if keyed else (None, (), ())
         if key is not None and key in seen:  # an identical group: its records are the earlier one's
             src_group, src_names, src_chans = seen[key]
             rename, chan_map = dict(zip(src_names, names)), dict(zip(src_chans, chans))
