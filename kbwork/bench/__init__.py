@@ -505,7 +505,6 @@ def _steady_suite(args: argparse.Namespace) -> int:
 
 
 def _loops_suite(args: argparse.Namespace) -> int:
-    from .. import atomic
     from .loops import checks_failed, format_suite, run_suite
 
     try:
@@ -514,27 +513,11 @@ def _loops_suite(args: argparse.Namespace) -> int:
         print("kbwork bench: note: threadpoolctl is not installed (pip install -e '.[bench]'), so numpy's BLAS "
               "runs on as many threads as it starts in the data measure, competing with the simulator for the "
               "cores; the figures are measured anyway", file=sys.stderr)
-    result = run_suite()
-    result["machine"] = _machine()
-    for line in format_suite(result):
-        print(line)
-    bad = checks_failed(result)
-    for line in bad:
-        print(f"CHECK FAILED: {line}", file=sys.stderr)
-    try:
-        args.out.mkdir(parents=True, exist_ok=True)
-        atomic.write_text(args.out / "loops.json", json.dumps(result, indent=1, default=float))
-    except OSError as exc:
-        print(f"kbwork bench: error: could not write {exc.filename!r}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
-    print(f"\nwrote {args.out / 'loops.json'}", file=sys.stderr)
-    return 1 if bad else 0
+    return _report(args, "loops.json", run_suite(), format_suite, checks_failed)
 
 
 def _ratio_suite(args: argparse.Namespace) -> int:
     """``--suite device`` or ``--suite model``: run it, print its table, write ``<suite>.json``."""
-    from .. import atomic
-
     if args.suite == "device":
         from .device import checks_failed, format_suite, run_suite
 
@@ -545,13 +528,24 @@ def _ratio_suite(args: argparse.Namespace) -> int:
         if args.no_dask:
             print("kbwork bench: note: --no-dask: the sweep row is skipped", file=sys.stderr)
         result = run_suite(dask=not args.no_dask)
+    return _report(args, f"{args.suite}.json", result, format_suite, checks_failed)
+
+
+def _report(args: argparse.Namespace, name: str, result: dict[str, Any], format_suite: Callable,
+            checks_failed: Callable) -> int:
+    """Print a suite's table and failed checks, write ``result`` (with the machine) to ``args.out / name``.
+
+    Returns:
+        The exit status: 0, 1 when a check failed, 2 when the file could not be written.
+    """
+    from .. import atomic
+
     result["machine"] = _machine()
     for line in format_suite(result):
         print(line)
     bad = checks_failed(result)
     for line in bad:
         print(f"CHECK FAILED: {line}", file=sys.stderr)
-    name = f"{args.suite}.json"
     try:
         args.out.mkdir(parents=True, exist_ok=True)
         atomic.write_text(args.out / name, json.dumps(result, indent=1, default=float))

@@ -57,6 +57,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .loops import _fmt
+
 #: Sizes: tokens per task, PEs of the device row, the shared row's device.
 KV = 32768
 DEVICE_PES = 96
@@ -383,10 +385,6 @@ def checks_failed(result: dict[str, Any]) -> list[str]:
             if not r["op_log_equals_plain"]:
                 bad.append("shared: the op_log differs from run_device(..., steady_state=False, reductions=False)'s")
     return bad
-
-
-def _fmt(x: float) -> str:
-    return f"{x * 1e3:.2f} ms" if x < 1 else f"{x:.2f} s"
 
 
 def _name(r: dict[str, Any]) -> str:

@@ -348,7 +348,8 @@ def checks_failed(result: dict[str, Any]) -> list[str]:
     return bad
 
 
-def _fmt(x: float, unit: str) -> str:
+def _fmt(x: float, unit: str = "s") -> str:
+    """``x`` seconds as ms or s (``unit="bytes"``: bytes as MiB), for the suites' tables."""
     if unit == "bytes":
         return f"{x / 2**20:.0f} MiB"
     return f"{x * 1e3:.2f} ms" if x < 1 else f"{x:.2f} s"

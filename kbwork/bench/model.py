@@ -44,6 +44,8 @@ from typing import Any
 
 import numpy as np
 
+from .loops import _fmt
+
 MODEL, BATCH, CONTEXT = "llama-3-70b", 64, 32768
 MIXED_RANGE, MIXED_SEED = (1024, 32768), 0
 VARIANT = "opt2"
@@ -280,10 +282,6 @@ def checks_failed(result: dict[str, Any]) -> list[str]:
             if not r["workers_import_this_checkout"]:
                 bad.append(f"sweep: the Dask workers imported kbwork from {r['worker_kbwork']}, not {ROOT}")
     return bad
-
-
-def _fmt(x: float) -> str:
-    return f"{x * 1e3:.2f} ms" if x < 1 else f"{x:.2f} s"
 
 
 def _name(r: dict[str, Any]) -> str:
