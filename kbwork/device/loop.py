@@ -448,8 +448,15 @@ def run(dev: DeviceState | PeState, apply: Callable[[object], None] | None = Non
                 c = cmd_of[s]
                 rd, wr = reads[c], writes[c]
                 hit = [o for o in active if o < c and conflicts(rd, wr, reads[o], writes[o])]
-                if not hit:
-                    _release(P, c, -1, t, E)
+                if not hit:  # released at once: _release(P, c, -1, t, E) inlined (the loop's most frequent call)
+                    d = dispatch_seq[c]
+                    for y in lsucc[d + 1]:
+                        u = d + y
+                        left = remaining[u] - 1
+                        remaining[u] = left
+                        if not left:
+                            heappush(ready_q[engine[u]], u)
+                            rdy[u] = t
                 else:
                     held.append(c)
                     if strict:
