@@ -119,12 +119,13 @@ def interleaved(fns: dict[str, Callable[[], Any]], min_seconds: float, repeats: 
     times faster than the other does not make the slow side run 150 times over
     (the model suite's steps against one head's run). Without it, every call
     follows the other side's, which is what the loops suite's floors are
-    measured under (a floor called again and again runs on warm caches). A function's previous result is
-    dropped before its clock starts; with ``collect``, the cyclic garbage
-    collector also runs before each side's first call of a round
-    (``gc.collect()``; with a large result alive it takes tens of ms), so that the collection a large
-    result's garbage calls for is not paid inside the next call, which may be
-    the other side's.
+    measured under (a floor called again and again runs on warm caches).
+
+    A function's previous result is dropped before its clock starts; with
+    ``collect``, the cyclic garbage collector also runs before each side's
+    first call of a round (``gc.collect()``; with a large result alive it
+    takes tens of ms), so that the collection a large result's garbage calls
+    for is not paid inside the next call, which may be the other side's.
     """
     last: dict[str, Any] = {}
     est = dict.fromkeys(fns, 0.0)
