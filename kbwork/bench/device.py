@@ -1,7 +1,8 @@
 """The device suite: what a device run costs against one PE's run, each a ratio (DESIGN.md §14).
 
 ``kbwork bench --suite device`` measures, in one run, the two sides of every
-ratio interleaved (in each round the slow side once and the fast side as often as fits in that call, ``interleaved(..., batch=True)``),
+ratio interleaved (in each round the slow side once and the fast side as
+often as fits in that call, ``interleaved(..., batch=True)``),
 so that a slowdown of the shared machine lands on both sides:
 
 1. **device**: ``ahbm-device-v1``, :data:`DEVICE_PES` PEs each running one

@@ -1,7 +1,8 @@
 """The model suite: what a model's decode step and a sweep of steps cost, each a ratio (DESIGN.md §15).
 
 ``kbwork bench --suite model`` measures, in one run, the two sides of every
-ratio interleaved (in each round the slow side once and the fast side as often as fits in that call, ``interleaved(..., batch=True)``):
+ratio interleaved (in each round the slow side once and the fast side as
+often as fits in that call, ``interleaved(..., batch=True)``):
 
 1. **uniform**: ``model.step("llama-3-70b", [32768] * 64)`` (opt2, attention on
    the device, serial) against one head's timing ``decode.run("opt2",
