@@ -59,7 +59,6 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import ValidationError
-from ..pe.engines import DataExecutor
 from ..pe.program import Loop
 from ..pe.scheduler import Program, Schedule, _spans_at
 from .loop import JOIN, MASK, PE_SHIFT, WAKE, DeviceState, PeState, new_pe, run
@@ -231,7 +230,7 @@ def jump(pe: PeState, ins: Insertion) -> None:
 def canonical(dev: DeviceState, pe: PeState, t: int, phase: int) -> tuple | None:
     """The whole dynamic state of ``pe`` at a boundary, with times, seqs and commands as offsets from it
     (module docstring); None when it refers to a command outside the boundary's loop."""
-    ctab, table = pe.ctab, pe.table
+    ctab = pe.ctab
     c = pe.n_lowered
     s0 = len(pe.start)
     loop = pe.cursor.at_boundary()[0]
@@ -239,7 +238,6 @@ def canonical(dev: DeviceState, pe: PeState, t: int, phase: int) -> tuple | None
     if lo < 0 or ctab.loop[lo] is not loop:
         return None
     start, end, unit, remaining, xsucc = pe.start, pe.end, pe.unit, pe.remaining, pe.xsucc
-    mine = pe.pe << PE_SHIFT
     events = []
     for e, key in dev.events:  # this PE's pending events (a flow's end that moved is no longer one)
         if key >> PE_SHIFT == pe.pe:
@@ -286,6 +284,18 @@ class _Watch:
     outcome: str = ""
 
 
+def _watch(watches: dict[int, _Watch], loop: Loop, prog: Program) -> _Watch:
+    """``loop``'s watch in ``watches``, made on first sight: its period, and why it cannot go steady (checked
+    once: the shift-invariance rule)."""
+    w = watches.get(id(loop))
+    if w is None:
+        why = shift_invariant(prog, loop)
+        w = watches[id(loop)] = _Watch(loop, prog.loop_period(loop), why)
+        if why is not None:
+            w.outcome = f"simulated in full: {why}"
+    return w
+
+
 class Steady:
     """The steady state of one run: called at every boundary (``loop.run``'s ``on_boundary``)."""
 
@@ -295,19 +305,10 @@ class Steady:
         self.insertions: list[Insertion] = []
         self.first: tuple[int, int] | None = None  # (period, proven at) of the first insertion
 
-    def watch(self, loop: Loop, prog: Program) -> _Watch:
-        w = self.watches.get(id(loop))
-        if w is None:
-            why = shift_invariant(prog, loop)
-            w = self.watches[id(loop)] = _Watch(loop, prog.loop_period(loop), why)
-            if why is not None:
-                w.outcome = f"simulated in full: {why}"
-        return w
-
     def __call__(self, dev: DeviceState, pe: PeState, t: int) -> None:
         loop, i = pe.cursor.at_boundary()
         prog = pe.cursor.program
-        w = self.watch(loop, prog)
+        w = _watch(self.watches, loop, prog)
         if w.why_not is not None or w.outcome:
             return
         depth = prog.topo.cmd_queue_depth
@@ -485,15 +486,6 @@ class GroupSteady:
         self.first: tuple[int, int] | None = None
         self.budget_spent = False
 
-    def _watch(self, loop: Loop, prog: Program) -> _Watch:
-        w = self.watches.get(id(loop))
-        if w is None:
-            why = shift_invariant(prog, loop)
-            w = self.watches[id(loop)] = _Watch(loop, prog.loop_period(loop), why)
-            if why is not None:
-                w.outcome = f"simulated in full: {why}"
-        return w
-
     @staticmethod
     def _finished(q: PeState) -> bool:
         return q.cursor.done and q.launch + 1 >= len(q.launches) and q.in_flight == 0 \
@@ -508,7 +500,7 @@ class GroupSteady:
             at = q.cursor.at_boundary() if hasattr(q.cursor, "at_boundary") else None
             if at is None:
                 return  # a PE in straight-line code or mid-iteration: nothing repeats now
-            w = self._watch(at[0], q.cursor.program)
+            w = _watch(self.watches, at[0], q.cursor.program)
             if w.why_not is not None:
                 return
             pos.append((at[0], at[1], w))
