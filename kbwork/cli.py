@@ -31,10 +31,8 @@ import difflib
 import json
 import math
 import os
-import re
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 

@@ -18,7 +18,6 @@ Every reduction gives the plain simulation's results; :class:`Reductions` says w
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -28,7 +27,7 @@ import pandas as pd
 from ..errors import ValidationError
 from ..memory import Handle, LoopHandle, Space
 from ..pe.commands import DmaCmd
-from ..pe.program import Loop, Plain
+from ..pe.program import Plain
 from ..pe.scheduler import Program, _handles
 from ..symbolic import Index
 from .flows import FlowChannel, contended

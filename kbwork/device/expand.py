@@ -34,7 +34,6 @@ from ..pe.commands import DmaCmd
 from ..pe.program import Loop
 from ..pe.scheduler import Program, Schedule, _spans_at
 from ..pe.stages import RawStageTable
-from ..pe.templates import handle_names
 from ..pe.tiling import generate_plan_from_ops
 from ..symbolic import Index
 from .records import FrontEnd, Timeline, dispatch_ready, front_end

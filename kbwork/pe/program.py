@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from ..memory import Handle, LoopHandle
+from ..memory import LoopHandle
 from ..symbolic import Index, LoopVar
 from .commands import Command, Completion, CompositeCmd, DmaCmd, OpSpec
 

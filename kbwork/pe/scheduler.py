@@ -23,8 +23,8 @@ flat op lists only.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Sequence
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 from ..config import Topology
 from ..errors import SimulationError
@@ -35,9 +35,9 @@ from .program import Loop, Plain, Trace
 from ..symbolic import Index
 from .stages import Engine, Phase, RawStageTable, StageKind, StageTable
 from .engines import BINDERS, StagingRef
-from .templates import (PLAN_CACHE, SEEN_ONCE, UNSEEN, CommandTemplate, PlanTemplate, handle_names,
+from .templates import (PLAN_CACHE, SEEN_ONCE, UNSEEN, CommandTemplate, PlanTemplate,
                         path_handles, record, record_effects, signature_key, stamp)
-from .tiling import StagingRing, generate_plan_from_ops, named_handles
+from .tiling import StagingRing, generate_plan_from_ops
 
 #: A byte range in one memory: (space is TCM, first byte, one past the last); ``Handle.span``.
 Range = tuple[bool, int, int]
