@@ -32,8 +32,8 @@ from .model.schedule import SCHEDULES
 from .model.steps import _check_choice, cases
 from .plots import VARIANT_COLORS
 from .plots.model import BOUND_FORMULAS, BOUND_NAMES, BOUND_STYLE, HOST_COLOR, case_label, context_label
+from .widgets import error_box_html
 
-_FAIL = "#cf222e"
 #: The controls, in the order :attr:`StepPanel.values` lists them.
 CONTROLS = ("model", "batch", "context", "channel_bytes_per_cycle", "pes_per_channel", "fixed_cycles")
 
@@ -212,11 +212,7 @@ class StepPanel:
 
     def message_html(self) -> str:
         """The last error as a boxed message (empty when the last setting could be run)."""
-        if self.error is None:
-            return ""
-        return (f"<div style='font-family:monospace;color:{_FAIL};border:1px solid {_FAIL};padding:4px 8px'>"
-                f"<b>could not run this setting</b>: {html.escape(self.error)}<br>"
-                f"still showing the last one that could: {html.escape(self.setting_text())}</div>")
+        return "" if self.error is None else error_box_html("run", self.error, self.setting_text())
 
     def _fail(self, exc: Exception) -> None:
         self.error = f"{type(exc).__name__}: {exc}"
@@ -330,6 +326,10 @@ class StepPanel:
             self._run(self._checked({name: change["new"]}))
         except KbworkError:
             pass  # the message is in the panel
+        except Exception as exc:  # noqa: BLE001 - a bug; a widget callback has nowhere to raise to
+            self.error = f"unexpected {type(exc).__name__} (a bug in kbwork, please report it): {exc}"
+            if self._widgets:
+                self._widgets["message"].value = self.message_html()
 
     def widget(self):
         """Build (once) and return the ipywidgets box; needs ``ipywidgets`` (the ``lab`` extra).

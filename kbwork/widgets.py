@@ -123,6 +123,14 @@ class GanttRows:
         self.ax.set_xlim(lo, hi)
 
 
+def error_box_html(action: str, error: str, showing: str) -> str:
+    """A panel's boxed error line: ``could not <action> this setting: <error>``, then the setting it still
+    shows (``showing``), both escaped."""
+    return (f"<div style='font-family:monospace;line-height:1.35;color:{_FAIL};border:1px solid {_FAIL};"
+            f"padding:4px 8px'><b>could not {action} this setting</b>: {html.escape(error)}<br>"
+            f"still showing the last one that could: {html.escape(showing)}</div>")
+
+
 class CalibrationPanel:
     """Sliders for FIXED and R, controls for tile, kv length and group, over any decode variants.
 
@@ -376,12 +384,7 @@ class CalibrationPanel:
 
     def message_html(self) -> str:
         """The last error as a boxed message (empty when the last setting could be simulated)."""
-        if self.error is None:
-            return ""
-        return (f"<div style='font-family:monospace;line-height:1.35;color:{_FAIL};border:1px solid {_FAIL};"
-                f"padding:4px 8px'>"
-                f"<b>could not simulate this setting</b>: {html.escape(self.error)}<br>"
-                f"still showing the last one that could: {html.escape(self.setting_text())}</div>")
+        return "" if self.error is None else error_box_html("simulate", self.error, self.setting_text())
 
     # --- drawing -------------------------------------------------------------------------------
     def _build_figure(self) -> None:
