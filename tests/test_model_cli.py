@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from kbwork import model as mdl
-from kbwork.model.cli import add_parser, cmd_step, main
+from kbwork.cli import main
+from kbwork.model.cli import add_parser, cmd_step
 
 
 def test_the_table_lists_every_case_and_what_bounds_each(capsys):
@@ -95,7 +96,7 @@ def test_a_malformed_argument_is_argparse_s_usage_and_exit_2(capsys, argv, messa
     ["step", "--tile", "x"],
 ])
 def test_no_traceback_from_the_command_line(argv):
-    p = subprocess.run([sys.executable, "-m", "kbwork.model.cli", *argv], capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-m", "kbwork", *argv], capture_output=True, text=True,
                        timeout=120)
     assert "Traceback" not in p.stderr
     if argv[-1] == "host":

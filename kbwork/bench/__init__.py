@@ -38,6 +38,8 @@ from typing import Any, Callable
 
 from tqdm.auto import tqdm
 
+from ..cli import positive_int
+
 DEFAULT_KV = (1024, 4096, 32768, 131072, 1048576)
 PANEL_KV = 32768
 OUT_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
@@ -459,17 +461,6 @@ def main(argv: list[str] | None = None) -> int:
     except KbworkError as exc:
         print(f"kbwork bench: error: {exc}", file=sys.stderr)
         return 2
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: an int >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 def _steady_suite(args: argparse.Namespace) -> int:

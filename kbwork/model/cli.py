@@ -1,8 +1,8 @@
 """``kbwork step``: one decode step of a model, tokens per second per variant and placement (DESIGN.md §15).
 
 :func:`add_parser` adds the subcommand to the ``kbwork`` command's subparsers
-and :func:`cmd_step` runs it; :func:`main` runs it alone
-(``python -m kbwork.model.cli step ...``). As everywhere on the command line,
+and :func:`cmd_step` runs it; ``kbwork.cli.main`` is the entry point (with its
+error handling, the same for every subcommand). As everywhere on the command line,
 a malformed argument ends with argparse's usage line and exit status 2, and
 every other mistake with one ``kbwork: error: ...`` line and exit status 2,
 never a traceback.
@@ -16,11 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import sys
 from typing import Any
 
-from ..errors import KbworkError, ValidationError
+from ..errors import ValidationError
 
 PLACEMENT_CHOICES = ("ahbm", "host", "both")
 
@@ -185,41 +183,3 @@ def format_steps(steps: list[Any]) -> str:
     for note in dict.fromkeys(n for s in steps for n in s.notes):
         lines.append(f"note: {note}")
     return "\n".join(lines)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """A ``kbwork`` parser with the ``step`` subcommand alone (for :func:`main`)."""
-    p = argparse.ArgumentParser(prog="kbwork", description="AHBM PE kernel workbench: a model's decode step.")
-    add_parser(p.add_subparsers(dest="command", required=True))
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run ``kbwork step`` alone, with the error handling of ``kbwork.cli.main``.
-
-    Returns:
-        0 on success; 2 after one ``kbwork: error: ...`` line for a mistake.
-
-    Raises:
-        SystemExit: from argparse, with status 2 after its usage and error lines (0 for ``--help``).
-    """
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        args = build_parser().parse_args(argv)
-        return args.fn(args)
-    except KbworkError as exc:
-        print(f"kbwork: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("kbwork: interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:
-        try:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        except (OSError, ValueError, AttributeError):
-            pass
-        return 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
