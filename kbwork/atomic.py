@@ -21,7 +21,7 @@ from typing import IO, Any, Callable
 
 from .errors import FileError, ValidationError
 
-__all__ = ["write_text", "write_bytes", "write_with", "check_output_path"]
+__all__ = ["write_text", "write_bytes", "write_with", "append_whole", "check_output_path"]
 
 
 def write_text(path: str | os.PathLike[str], text: str, *, encoding: str = "utf-8") -> Path:
@@ -94,6 +94,29 @@ def write_with(path: str | os.PathLike[str], writer: Callable[[IO[bytes]], Any])
             raise _named(exc, target) from exc
         raise
     return target
+
+
+def append_whole(path: str | os.PathLike[str], data: bytes, what: str = "the data") -> None:
+    """Append ``data`` to the existing file ``path`` whole: one write, undone if the system cuts it short
+    (a resumable file never keeps a torn record).
+
+    Raises:
+        FileError: ``data`` could not be written (the file is as it was; ``what`` names it in the message).
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            written = os.write(fd, data)
+        except OSError as exc:
+            os.ftruncate(fd, size)
+            raise FileError(exc.errno, exc.strerror or str(exc), str(path)) from None
+        if written != len(data):  # a full disk or a size limit: no torn record stays behind
+            os.ftruncate(fd, size)
+            raise FileError(errno.ENOSPC, f"only {written} of {len(data)} bytes of {what} could be written",
+                            str(path))
+    finally:
+        os.close(fd)
 
 
 def _create_temp(real: Path) -> tuple[Path, int]:

@@ -1107,26 +1107,7 @@ class _SweepLog:
         Raises:
             FileError: the rows could not be written (the file is as it was).
         """
-        import errno
-        import os
-
-        from .errors import FileError
-
-        data = self._rows_csv(rows, point).encode("utf-8")
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
-        try:
-            size = os.fstat(fd).st_size
-            try:
-                written = os.write(fd, data)
-            except OSError as exc:
-                os.ftruncate(fd, size)
-                raise FileError(exc.errno, exc.strerror or str(exc), str(self.path)) from None
-            if written != len(data):  # a full disk or a size limit: no torn row stays behind
-                os.ftruncate(fd, size)
-                raise FileError(errno.ENOSPC, f"only {written} of {len(data)} bytes of point {point}'s rows could "
-                                              f"be written", str(self.path))
-        finally:
-            os.close(fd)
+        atomic.append_whole(self.path, self._rows_csv(rows, point).encode("utf-8"), f"point {point}'s rows")
 
     def rewrite(self, rows_of: dict[int, dict[str, dict]], variants: tuple[str, ...]) -> None:
         """Replace the file (atomically) by the header and every row, in point order, each point's variants

@@ -3,10 +3,13 @@ as points finish and a resumed sweep; bad axes refused before anything runs (DES
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from kbwork import ConfigError, ValidationError
 from kbwork import model as mdl
+from kbwork.model.device import load_device
 
 AXES = dict(model="llama-3-8b", batch=[1, 4], context=[512, 1000], handoff_us=[0, 2.5])
 CASES = dict(variants=("opt2", "a1"), placements=("ahbm", "host"), schedules=("serial", "ping_pong"))
@@ -100,3 +103,57 @@ def test_device_and_topology_axes():
 def test_bad_sweeps_are_refused_before_anything_runs(kw, error, match):
     with pytest.raises(error, match=match):
         mdl.sweep(workers=1, progress=False, **kw)
+
+
+def test_a_resume_is_refused_under_another_host_device_or_model(tmp_path):
+    """The file's record (<out>.meta.json, written before the first row) decides: a resume under another host,
+    device or model file says what differs instead of returning the old rows."""
+    out = tmp_path / "s.csv"
+    axes = dict(context=[1024], batch=[1, 2])
+    first = mdl.sweep(out=out, placements=("host",), workers=1, progress=False, **axes)
+    meta = (tmp_path / "s.csv.meta.json").read_text()
+    assert '"what": "kbwork.model.sweep"' in meta and '"hbm_tb_s": 4.8' in meta
+    again = mdl.sweep(out=out, resume=True, placements=("host",), workers=1, progress=False, **axes)
+    assert again.equals(first)
+    with pytest.raises(ValidationError, match=r"host hbm_tb_s is 4.8 there, 9.6 here"):
+        mdl.sweep(out=out, resume=True, placements=("host",), host={"hbm_tb_s": 9.6}, workers=1, progress=False,
+                  **axes)
+    with pytest.raises(ValidationError, match=r"device channel_bytes_per_cycle is 40.0 there, 80.0? here"):
+        mdl.sweep(out=out, resume=True, placements=("host",), device=load_device(channel_bytes_per_cycle=80),
+                  workers=1, progress=False, **axes)
+    model = tmp_path / "m.toml"
+    model.write_text('name = "llama-3-8b"\nlayers = 16\nhidden = 4096\nheads = 32\nkv_heads = 8\nhead_dim = 128\n'
+                     'ffn = 14336\nvocab = 128256\n')
+    out3 = tmp_path / "m.csv"
+    mdl.sweep(out=out3, placements=("host",), model=str(model), workers=1, progress=False, **axes)
+    model.write_text(model.read_text().replace("layers = 16", "layers = 8"))  # the same path, another model
+    with pytest.raises(ValidationError, match=r"models .*'layers': 16.* there, .*'layers': 8.* here"):
+        mdl.sweep(out=out3, resume=True, placements=("host",), model=str(model), workers=1, progress=False, **axes)
+    # a handoff axis sets the host's handoff_us at every point: its base value decides no row
+    out2 = tmp_path / "h.csv"
+    mdl.sweep(out=out2, placements=("host",), handoff_us=[0, 1], workers=1, progress=False, **axes)
+    mdl.sweep(out=out2, resume=True, placements=("host",), handoff_us=[0, 1], host={"handoff_us": 7},
+              workers=1, progress=False, **axes)
+    (tmp_path / "h.csv.meta.json").unlink()
+    with pytest.raises(ValidationError, match=r"there is no h.csv.meta.json beside it"):
+        mdl.sweep(out=out2, resume=True, placements=("host",), handoff_us=[0, 1], workers=1, progress=False, **axes)
+
+
+@pytest.mark.parametrize("column, value, message", [
+    ("seconds", "banana", "line 2: seconds is 'banana', not a number"),
+    ("tokens_per_s", "-3", "line 2: tokens_per_s is '-3', not a finite number > 0"),
+    ("tokens_per_s", "1.5", "line 2: tokens_per_s is '1.5', not the batch 1 over seconds"),
+    ("bound", "", "line 2: bound is '', not what bounds the step"),
+    ("point", "x", "line 2: point is 'x', not a point index"),
+])
+def test_a_damaged_row_is_refused_not_returned(tmp_path, column, value, message):
+    out = tmp_path / "s.csv"
+    axes = dict(context=[1024], batch=[1, 2])
+    mdl.sweep(out=out, placements=("host",), workers=1, progress=False, **axes)
+    lines = out.read_text().splitlines()
+    header = lines[0].split(",")
+    fields = lines[1].split(",")
+    fields[header.index(column)] = value
+    out.write_text("\n".join([lines[0], ",".join(fields), *lines[2:]]) + "\n")
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        mdl.sweep(out=out, resume=True, placements=("host",), workers=1, progress=False, **axes)

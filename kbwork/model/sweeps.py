@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import io
 import itertools
+import json
+import math
 import numbers
 from pathlib import Path
 from typing import Any, Sequence
@@ -71,8 +73,11 @@ def sweep(*, variants: Sequence[str] = DEFAULT_VARIANTS, placements: Sequence[st
     Points run on this machine's cores in processes (``workers=1``: here, in order; small sweeps always
     run here) or on a Dask cluster when ``client`` is a ``distributed.Client`` or a scheduler address
     (:mod:`kbwork.parallel`); the DataFrame is the same either way. ``out`` (a ``.csv``) receives each
-    point's rows as it finishes, with its ``point`` index; ``resume=True`` continues a sweep from that
-    file (the same axes and cases), and the file is rewritten in point order at the end.
+    point's rows as it finishes, with its ``point`` index, and ``<out>.meta.json`` beside it (written
+    before the first row) records what decides the rows: the axes, the cases, the host, the device's
+    topology and every swept model's content. ``resume=True`` continues a sweep from that file under the
+    same record (anything else is refused, saying what differs); every row read back is checked, and the
+    file is rewritten in point order at the end.
 
     Returns:
         One row per (point, case): the axis values (``model``, ``batch``, ``context`` first), then
@@ -109,7 +114,8 @@ def sweep(*, variants: Sequence[str] = DEFAULT_VARIANTS, placements: Sequence[st
               for p in itertools.product(*values)]
     for point in points:  # combinations (a context past the tile limit, pes vs channels): fail now
         _point_config(point, base_host, base_device, any(p == AHBM for _, p, _ in todo_cases))
-    log = _SweepLog(out, names, todo_cases, points, bool(resume)) if out is not None else None
+    log = (_SweepLog(out, names, todo_cases, points, bool(resume),
+                     _sweep_meta(names, values, todo_cases, base_host, base_device)) if out is not None else None)
     todo = [i for i in range(len(points)) if log is None or i not in log.done]
     tasks = [(points[i], todo_cases, base_host, base_device) for i in todo]
     rows_of: dict[int, list[dict]] = dict(log.done) if log is not None else {}
@@ -177,49 +183,170 @@ def _same(a: Any, b: Any) -> bool:
     return str(a) == str(b)
 
 
+#: The version of a model sweep's rows; a file of another schema is not resumed.
+SWEEP_SCHEMA = 1
+
+
+def _sweep_meta(names: list[str], values: list[list], todo_cases: list[tuple[str, str, str]], base_host: Any,
+                base_device: Any) -> dict[str, Any]:
+    """Everything that decides a model sweep's rows, as plain JSON values (the ``<out>.meta.json`` sidecar):
+    the axes, the cases, the host, the device's topology and the content of every model swept."""
+    from .. import __version__
+    from ..decode import _json_value
+
+    def fields(x: Any) -> dict[str, Any]:
+        d = dataclasses.asdict(x)
+        d.pop("source", None)
+        return d
+
+    models = {str(m): fields(load_model(m)) for m in values[names.index("model")]}
+    return _json_value({"what": "kbwork.model.sweep", "schema": SWEEP_SCHEMA, "kbwork": __version__,
+                        "axes": [[n, vals] for n, vals in zip(names, values)], "cases": todo_cases,
+                        "columns": list(METRICS), "host": fields(base_host),
+                        "device": base_device.topology.to_dict(), "models": models})
+
+
+def _meta_differences(recorded: dict[str, Any], meta: dict[str, Any]) -> list[str]:
+    """How the recorded sweep differs from this one, in words (empty: it may be resumed). A host or device
+    key that an axis sets at every point decides no row and is not compared."""
+    from ..decode import _same_value, _same_values
+
+    diffs = []
+    if recorded.get("schema") != meta["schema"]:
+        diffs.append(f"it holds results of model sweep schema {recorded.get('schema')!r} (kbwork "
+                     f"{recorded.get('kbwork', '?')}), this kbwork's is {meta['schema']}, whose rows differ")
+    rec_axes = recorded.get("axes")
+    if not isinstance(rec_axes, list) or [a[0] if isinstance(a, list) and a else a for a in rec_axes] != \
+            [a[0] for a in meta["axes"]]:
+        diffs.append(f"the axes differ: {rec_axes!r} there, {[a[0] for a in meta['axes']]} here")
+    else:
+        moved = [f"axis {name!r} is {was} there, {now} here" for (name, was), (_, now) in zip(rec_axes, meta["axes"])
+                 if not _same_values(was, now)]
+        if moved:
+            diffs.append(f"the axes differ: {'; '.join(moved)}")
+    for key in ("cases", "columns", "models"):
+        if recorded.get(key) != meta[key]:
+            diffs.append(f"{key} {recorded.get(key)} there, {meta[key]} here")
+    swept = {a[0] for a in meta["axes"]}
+    for part in ("host", "device"):
+        was, now = recorded.get(part), meta[part]
+        if not isinstance(was, dict):
+            diffs.append(f"the file records no {part}")
+            continue
+        for key in sorted(set(was) | set(now)):
+            if key == "name" or key in swept:
+                continue
+            if key not in was or key not in now or not _same_value(was[key], now[key]):
+                diffs.append(f"{part} {key} is {was.get(key, '(absent)')} there, {now.get(key, '(absent)')} here")
+    return diffs
+
+
 class _SweepLog:
-    """A sweep's rows on disk as they finish (``point`` first), so the sweep can resume from the file."""
+    """A sweep's rows on disk as they finish (``point`` first), so the sweep can resume from the file.
+
+    The sidecar ``<path>.meta.json`` records what decides the rows (:func:`_sweep_meta`), written before
+    the first row; a resume under anything else is refused, saying what differs. Every row read back is
+    checked; a damaged one is refused, never returned.
+    """
 
     def __init__(self, path: str | Path, names: list[str], todo_cases: list[tuple[str, str, str]],
-                 points: list[dict], resume: bool):
+                 points: list[dict], resume: bool, meta: dict[str, Any]):
         from .. import atomic
 
         self.path = Path(atomic.check_output_path(path, suffix=".csv", what="sweep out"))
+        self.meta_path = Path(f"{self.path}.meta.json")
+        atomic.check_output_path(self.meta_path, suffix=".json", what="sweep out's record")
         self.columns = ["point", *names, *METRICS]
         self.done: dict[int, list[dict]] = {}
         if self.path.exists() and self.path.stat().st_size:
             if not resume:
                 raise ValidationError(f"sweep: {str(self.path)!r} exists; pass resume=True to continue that sweep, "
                                       f"or remove the file to start afresh.")
+            diffs = _meta_differences(self._read_meta(), meta)
+            if diffs:
+                raise self._refuse(f"another sweep wrote it (recorded in {self.meta_path.name}): {'; '.join(diffs)}. "
+                                   f"Resume with the same settings, or write to another file.")
             self._read(names, todo_cases, points)
             self.rewrite(self.done)  # without the rows of points cut short, which run again
         else:
-            self.path.write_text(",".join(self.columns) + "\n")
+            atomic.write_text(self.meta_path, json.dumps(meta, indent=1) + "\n")
+            atomic.write_text(self.path, ",".join(self.columns) + "\n")
+
+    def _refuse(self, why: str) -> ValidationError:
+        return ValidationError(f"sweep: cannot resume from {str(self.path)!r}: {why}")
+
+    def _read_meta(self) -> dict[str, Any]:
+        try:
+            recorded = json.loads(self.meta_path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise self._refuse(f"there is no {self.meta_path.name} beside it recording what decided its rows (a "
+                               f"file written by hand or by an older kbwork); it cannot be checked, so write to "
+                               f"another file or remove it to start afresh.") from None
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise self._refuse(f"cannot read its record {self.meta_path.name} ({exc}); write to another file.") \
+                from None
+        if not isinstance(recorded, dict) or recorded.get("what") != "kbwork.model.sweep":
+            raise self._refuse(f"{self.meta_path.name} is not a kbwork model sweep record; write to another file.")
+        return recorded
 
     def _read(self, names: list[str], todo_cases: list[tuple[str, str, str]], points: list[dict]) -> None:
-        text = self.path.read_text()
+        raw = self.path.read_bytes()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise self._refuse(f"it is not UTF-8 text (byte {exc.start} is {raw[exc.start]:#04x}), so not a sweep "
+                               f"file kbwork wrote; write to another file.") from None
         if not text.endswith("\n"):  # a write cut short: drop the torn last line
             text = text[:text.rfind("\n") + 1]
         try:
-            df = pd.read_csv(io.StringIO(text), keep_default_na=False)
+            df = pd.read_csv(io.StringIO(text), keep_default_na=False, dtype=str)
         except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as exc:
-            raise ValidationError(f"sweep: cannot resume from {str(self.path)!r}: it is not a sweep file ({exc}).") \
-                from None
+            raise self._refuse(f"it is not a sweep file ({exc}).") from None
         if list(df.columns) != self.columns:
-            raise ValidationError(f"sweep: cannot resume from {str(self.path)!r}: its columns {list(df.columns)} are "
-                                  f"not this sweep's {self.columns}; write to another file.")
+            raise self._refuse(f"its columns {list(df.columns)} are not this sweep's {self.columns}; write to "
+                               f"another file.")
         want_cases = [[v if p == AHBM else NO_VARIANT, p, s] for v, p, s in todo_cases]  # as the rows show them
+        for number, fields in enumerate(df.to_dict(orient="records"), start=2):
+            if not (fields["point"].isascii() and fields["point"].isdigit()):
+                raise self._refuse(f"line {number}: point is {fields['point']!r}, not a point index; the file is "
+                                   f"damaged. Remove that line (its point then runs again) or write to another file.")
+        df["point"] = df["point"].astype(int)
         for point, group in df.groupby("point", sort=True):
             i = int(point)
-            got = group[["variant", "placement", "schedule"]].astype(str).values.tolist()
+            got = group[["variant", "placement", "schedule"]].values.tolist()
             if not 0 <= i < len(points) or got != want_cases:
                 continue  # a point cut short (or from another sweep): run it again
-            rows = group.drop(columns="point").to_dict(orient="records")
             want = points[i]
-            if not all(_same(rows[0][n], want[n]) for n in names):
-                raise ValidationError(f"sweep: cannot resume from {str(self.path)!r}: its point {i} is "
-                                      f"{ {n: rows[0][n] for n in names} }, this sweep's is {want}; the axes differ.")
-            self.done[i] = [{**want, **{k: r[k] for k in METRICS}} for r in rows]
+            rows = []
+            for number, fields in zip(group.index + 2, group.to_dict(orient="records")):
+                if not all(_same(_number_or_text(fields[n]), want[n]) for n in names):
+                    raise self._refuse(f"its point {i} is { {n: fields[n] for n in names} }, this sweep's is "
+                                       f"{want}; the axes differ.")
+                rows.append({**want, **self._metrics(fields, number, want)})
+            self.done[i] = rows
+
+    def _metrics(self, fields: dict[str, str], number: int, point: dict) -> dict[str, Any]:
+        """One row's metrics, typed and checked (``tokens_per_s`` is the batch over ``seconds``)."""
+        def bad(column: str, want: str) -> ValidationError:
+            return self._refuse(f"line {number}: {column} is {fields[column]!r}, not {want}; the file is damaged. "
+                                f"Remove that line (its point then runs again) or write to another file.")
+
+        row: dict[str, Any] = {c: fields[c] for c in ("variant", "placement", "schedule")}
+        for column, positive in (("seconds", True), ("tokens_per_s", True), ("attention_us_per_layer", False)):
+            try:
+                v = float(fields[column])
+            except ValueError:
+                raise bad(column, "a number") from None
+            if not math.isfinite(v) or v < 0 or (positive and v == 0):
+                raise bad(column, "a finite number > 0" if positive else "a finite number >= 0")
+            row[column] = v
+        if not math.isclose(row["tokens_per_s"], point["batch"] / row["seconds"], rel_tol=1e-9):
+            raise bad("tokens_per_s", f"the batch {point['batch']} over seconds {row['seconds']!r}")
+        for column in ("bound_kind", "bound"):
+            if not fields[column]:
+                raise bad(column, "what bounds the step")
+            row[column] = fields[column]
+        return row
 
     def _rows_csv(self, rows: list[dict], point: int) -> str:
         buf = io.StringIO()
@@ -228,9 +355,14 @@ class _SweepLog:
         return buf.getvalue()
 
     def append(self, point: int, rows: list[dict]) -> None:
-        """Add one finished point's rows to the file."""
-        with open(self.path, "a", newline="") as f:
-            f.write(self._rows_csv(rows, point))
+        """Add one finished point's rows to the file, whole (undone if the system cuts the write short).
+
+        Raises:
+            FileError: the rows could not be written (the file is as it was).
+        """
+        from .. import atomic
+
+        atomic.append_whole(self.path, self._rows_csv(rows, point).encode("utf-8"), f"point {point}'s rows")
 
     def rewrite(self, rows_of: dict[int, list[dict]]) -> None:
         """Replace the file (atomically) by the header and ``rows_of`` in point order."""
@@ -239,3 +371,10 @@ class _SweepLog:
         atomic.write_text(self.path, ",".join(self.columns) + "\n"
                           + "".join(self._rows_csv(rows_of[i], i) for i in sorted(rows_of)))
 
+
+def _number_or_text(text: str) -> Any:
+    """A CSV field as the value it was written from: a number if it reads as one, else the text."""
+    try:
+        return int(text) if text.lstrip("-").isdigit() else float(text)
+    except ValueError:
+        return text
