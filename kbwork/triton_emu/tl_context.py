@@ -221,6 +221,8 @@ class TLContext:
             self.tcm.release(mark, closed_at="when it had been traced")
             for key in list(self._recipe_scratch)[n_sets:]:
                 del self._recipe_scratch[key]
+        if lp.deferred:
+            self._allocate_deferred(lp)
         self._iter = lp.outer_iter
         loop = Loop(var.number, lp.first, tuple(lp.body), var.iterations, tuple(lp.iters), tuple(lp.waits),
                     loop_period(var), var)
@@ -674,28 +676,71 @@ class TLContext:
 
         Raises:
             TraceError: in a tl.range body whose innermost open scratch scope was opened outside the body
-                (the scratch would be allocated there once for every iteration).
+                (the scratch would be allocated there once for every iteration), or kernel-scope scratch for
+                an RW operand that is a different buffer in every iteration.
         """
-        dtypes = frozenset(DTYPES)
+        if not self._scopes:
+            keys = self._kernel_scratch_keys(rd, operands, where)
+            first = self._kernel_scratch(rd, keys[0], operands)
+            if all(k == keys[0] for k in keys):  # the same set in every iteration (always, outside a body)
+                return first
+            return self._per_iteration_scratch(rd, keys, first, operands)
         lp = self._loop
-        if self._scopes:
-            if lp is not None and len(self._scopes) <= lp.scope_depth:
-                raise TraceError(f"{where} allocates its scratch in a tl.scratch_scope() opened outside the "
-                                 f"tl.range body: the body is traced once, so it would allocate that scratch "
-                                 f"once for every iteration. Open the scratch scope inside the body, or expand the "
-                                 f"recipe outside any scratch scope (kernel-scope scratch, reused by every "
-                                 f"expansion).")
-            tag: object = f"s{self._ncmd}"
-            # named after this command's instance in each iteration of the body being traced
-            per_iter = CommandName(lp.var, f"{rd.name}s", self._ncmd) if lp is not None else None
-        else:
-            key = (rd.name,) + tuple((n, (h.symbolic_key if isinstance(h, LoopHandle) else h.addr)
-                                      if rd.operands[n] == "RW" else -1, h.shape, h.dtype)
-                                     for n, h in operands.items())
-            hit = self._recipe_scratch.get(key)
-            if hit is not None:
-                return hit
-            tag = len(self._recipe_scratch)
+        if lp is not None and len(self._scopes) <= lp.scope_depth:
+            raise TraceError(f"{where} allocates its scratch in a tl.scratch_scope() opened outside the "
+                             f"tl.range body: the body is traced once, so it would allocate that scratch "
+                             f"once for every iteration. Open the scratch scope inside the body, or expand the "
+                             f"recipe outside any scratch scope (kernel-scope scratch, reused by every "
+                             f"expansion).")
+        # named after this command's instance in each iteration of the body being traced
+        per_iter = CommandName(lp.var, f"{rd.name}s", self._ncmd) if lp is not None else None
+        dtypes = frozenset(DTYPES)
+        scratch: dict[str, Handle] = {}
+        for s in rd.scratch:
+            shape, dtype = s.resolve(operands, dtypes)
+            h = scratch[s.name] = self.tcm.alloc(f"{rd.name}s{self._ncmd}.{s.name}", shape, dtype)
+            self._name(h)
+            if per_iter is not None:
+                scratch[s.name] = LoopHandle.named(h, per_iter, f".{s.name}")
+        return scratch
+
+    def _kernel_scratch_keys(self, rd: RecipeDescriptor, operands: Mapping[str, Handle], where: str) -> list[tuple]:
+        """The key of the recipe's kernel-scope scratch set in each iteration of the open ``tl.range`` body, up to
+        the period with which its RW operands repeat (one key outside a body): the recipe, the RW operands'
+        addresses, every operand's shape and dtype -- what a plain Python loop keys it by in that iteration."""
+        lp = self._loop
+        n_keys = 1
+        if lp is not None:
+            period = 1
+            for n, h in operands.items():
+                if rd.operands[n] != "RW" or not isinstance(h, LoopHandle):
+                    continue
+                p = _address_period(h)
+                if p is None:
+                    if lp.var.iterations > 1:
+                        raise TraceError(
+                            f"{where} updates {n}={h.name} in place, a different TCM buffer in every iteration: a "
+                            f"plain Python loop would allocate the recipe's kernel-scope scratch anew in each one "
+                            f"(it is kept per RW operand address, DESIGN.md §3), which a body traced once cannot. "
+                            f"Open a tl.scratch_scope() inside the body around this composite (scratch per "
+                            f"command), or update a fixed buffer or a tl.ring slot (S[j]).")
+                    p = 1
+                period = math.lcm(period, p)
+            n_keys = max(1, min(lp.var.iterations, period))
+
+        def key(i: int) -> tuple:
+            return (rd.name,) + tuple(
+                (n, (h.at(i).addr if isinstance(h, LoopHandle) else h.addr) if rd.operands[n] == "RW" else -1,
+                 h.shape, h.dtype) for n, h in operands.items())
+        return [key(i) for i in range(n_keys)]
+
+    def _kernel_scratch(self, rd: RecipeDescriptor, key: tuple, operands: Mapping[str, Handle]) -> dict[str, Handle]:
+        """The kernel-scope scratch set of ``key``: the one allocated before, else a new one."""
+        hit = self._recipe_scratch.get(key)
+        if hit is not None:
+            return hit
+        tag = len(self._recipe_scratch)
+        dtypes = frozenset(DTYPES)
         scratch = {}
         for s in rd.scratch:
             shape, dtype = s.resolve(operands, dtypes)
@@ -703,14 +748,53 @@ class TLContext:
             # body as anywhere (DESIGN.md §13), and reused by every later one. It comes from the top end of the
             # TCM, so it never takes bytes a scratch scope released: a scope of a body then lies where it lay in
             # iteration 0 in every iteration, in a Python loop as in the traced body
-            h = scratch[s.name] = self.tcm.alloc(f"{rd.name}{tag}.{s.name}", shape, dtype,
-                                                 from_top=not self._scopes)
+            h = scratch[s.name] = self.tcm.alloc(f"{rd.name}{tag}.{s.name}", shape, dtype, from_top=True)
             self._name(h)
-            if self._scopes and per_iter is not None:
-                scratch[s.name] = LoopHandle.named(h, per_iter, f".{s.name}")
-        if not self._scopes:
-            self._recipe_scratch[key] = scratch
+        self._recipe_scratch[key] = scratch
         return scratch
+
+    def _per_iteration_scratch(self, rd: RecipeDescriptor, keys: list[tuple], first: dict[str, Handle],
+                               operands: Mapping[str, Handle]) -> dict[str, Handle]:
+        """Kernel-scope scratch of an RW operand that cycles through buffers (a ring slot): a set per key, as a
+        Python loop allocates them, each handle a :class:`LoopHandle` whose slot ``i mod len(keys)`` is
+        iteration ``i``'s set. Iteration 0's set is ``first``; the others are allocated when the body closes
+        (:meth:`_close_loop`), iteration by iteration and in body order, where the Python loop's iterations
+        1, 2, ... allocate them (after everything iteration 0 allocated)."""
+        lp = self._loop
+        known = lp.deferred.get(tuple(keys))
+        if known is not None:
+            return known[3]
+        moving = ", ".join(f"{n}={h.name}" for n, h in operands.items()
+                           if rd.operands[n] == "RW" and isinstance(h, LoopHandle))
+        slots = {n: [h] for n, h in first.items()}  # filled by _close_loop
+        step = Index(lp.var, 1, 0)
+        handles = {n: LoopHandle(f"{rd.name}[{moving}].{n}", h.space, h.addr, h.shape, h.dtype, h.pinned, h.origin,
+                                 h.channel, var=lp.var, kind="ring", slots=slots[n], slot=step)
+                   for n, h in first.items()}
+        lp.deferred[tuple(keys)] = (rd, keys, dict(operands), handles, slots)
+        return handles
+
+    def _allocate_deferred(self, lp: "_OpenLoop") -> None:
+        """Allocate the later iterations' kernel-scope scratch sets of ``lp``'s body (see
+        :meth:`_per_iteration_scratch`) in the order a Python loop would: iteration by iteration, in body order."""
+        entries = list(lp.deferred.values())
+        for i in range(1, max((len(e[1]) for e in entries), default=0)):
+            for rd, keys, operands, _, slots in entries:
+                if i < len(keys):
+                    got = self._kernel_scratch(rd, keys[i], operands)
+                    for n, lst in slots.items():
+                        lst.append(got[n])
+
+
+def _address_period(h: LoopHandle) -> int | None:
+    """After how many iterations ``h``'s address repeats: 1 for a fixed buffer, a ring's period for a ring slot,
+    None for a handle that moves every iteration (a row slice with a symbolic start)."""
+    if any(isinstance(x, Index) and x.a for lo, hi in h.chain for x in (lo, hi)):
+        return None
+    if h.kind == "ring":
+        n = len(h.slots)
+        return n // math.gcd(h.slot.a, n) if h.slot.a else 1
+    return 1
 
 
 def _recipe_notes(rd: RecipeDescriptor, entry: str, first: int) -> dict[int, str]:
@@ -729,7 +813,7 @@ def _check_list(seq: Any, what: str) -> None:
 class _OpenLoop:
     """A ``tl.range`` body being traced: its commands so far, their iter labels and waits."""
 
-    __slots__ = ("var", "first", "scope_depth", "outer_iter", "body", "iters", "waits", "undo")
+    __slots__ = ("var", "first", "scope_depth", "outer_iter", "body", "iters", "waits", "undo", "deferred")
 
     def __init__(self, var: LoopVar, first: int, scope_depth: int, outer_iter: int | Index):
         self.var, self.first, self.scope_depth, self.outer_iter = var, first, scope_depth, outer_iter
@@ -738,6 +822,8 @@ class _OpenLoop:
         self.body: list[Command] = []
         self.iters: list[int | Index] = []
         self.waits: list[tuple[int, int, bool]] = []
+        #: kernel-scope recipe scratch of later iterations, allocated when the body closes (keys -> what to allocate)
+        self.deferred: dict[tuple, tuple] = {}
 
 
 class _Iteration:
