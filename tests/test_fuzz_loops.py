@@ -14,7 +14,8 @@ loops, valid by construction:
   j-sliced HBM output, with ``scale`` (k_tile, output_tile, kernel) and ``add`` epilogues; MATH ops
   (``copy``, ``max_elem``, ``exp_diff``, ``fma``, ``mul_bcast``, ``rmax``, ``rsum``) on ring slots and fixed
   buffers, the head sometimes streaming a j-sliced HBM tile, with a ``scale``/``add`` after it;
-  ``softmax_merge`` alone or before a GEMM streaming ``V[j]`` (decode's shape); ``tl.store`` of a slot or
+  ``softmax_merge`` alone or before a GEMM streaming ``V[j]`` (decode's shape), its ``m`` a fixed column or a
+  slot ``Mr[j + c]`` of a ring of 2-3 columns (kernel-scope scratch per slot); ``tl.store`` of a slot or
   an accumulator to a j-sliced HBM tensor; a ``tl.scratch_scope()`` holding a ``tl.load`` of a j-sliced
   tensor (an input, an output the body writes, or rarely a fixed slice of one: a loop that is not
   shift-invariant) and commands reading it; ``tl.iteration(j + c)`` labels, ``label=``, legacy and flat
@@ -286,6 +287,12 @@ class Gen:
         if self.merge:  # softmax_merge's state; the other commands may use these buffers too
             self.cols += [self.full("m", col, -math.inf, "fp32"), self.full("l", col, 0.0, "fp32")]
             self.mn.append(self.full("O", MN, 0.0, "fp32"))
+        # sometimes softmax_merge updates a slot of a ring of m columns: kernel-scope scratch then comes one set per
+        # slot (DESIGN.md §3), allocated in the iteration that first meets it
+        self.mrings = [RingD("Mr", d(st.integers(2, 3)), col, "fp32", [])] \
+            if self.merge and d(st.integers(0, 2)) else []
+        for r in self.mrings:
+            r.fills = [d(st.sampled_from((-math.inf, 0.0, -1.0))) for _ in range(r.n)]
         self.pinned: dict[str, str] = {}
 
     # -- tensors ---------------------------------------------------------------------------------------
@@ -464,7 +471,10 @@ class Gen:
 
     def recipe(self, seg: dict, uid_hint: str) -> TOp:
         s = self.mn_src(seg, avoid=("O",))
-        return TOp(RECIPE, args={"s": s, "m": Arg("fixed", "m"), "l": Arg("fixed", "l"), "O": Arg("fixed", "O")},
+        m = Arg("slot", "Mr", self.offset()) if self.mrings and self.draw(st.integers(0, 2)) else Arg("fixed", "m")
+        if m.kind == "slot":
+            self.features.add("softmax_merge updates a ring slot")
+        return TOp(RECIPE, args={"s": s, "m": m, "l": Arg("fixed", "l"), "O": Arg("fixed", "O")},
                    out=Arg("fixed", uid_hint))
 
     def c_merge_only(self, seg: dict) -> Cmd:
@@ -561,7 +571,7 @@ class Gen:
         last = segs[-1]
         tail = last.start + last.step * last.n  # the peeled iteration after the loop
         segs.append(self.plain(max(tail, 0), 0, 3))
-        k = Kernel(self.topo, (self.M, self.N, self.K), self.hbm, self.bufs, self.rings, segs)
+        k = Kernel(self.topo, (self.M, self.N, self.K), self.hbm, self.bufs, self.rings + self.mrings, segs)
         size_hbm(k)
         k.features = frozenset(self.features)
         return k
@@ -953,7 +963,7 @@ FEATURES = {
     "math head streams from HBM", "math then add", "math then scale", "scratch scope in a body",
     "reads the scratch tile", "scratch load of an output the loop writes", "scratch load of a fixed slice",
     "tl.iteration", "tl.iteration around a loop", "tl.wait", "two loops", "step 2", "step -1", "loop of 0",
-    "loop of 1-3", "loop of 4-20", "loop of 24-80",
+    "loop of 1-3", "loop of 4-20", "loop of 24-80", "softmax_merge updates a ring slot",
 }
 
 
