@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from . import atomic
+from .argtypes import float_range, int_range, nonnegative_int, positive_int
 from .config import FLOAT_RANGES, MAX_INT, MAX_TCM_BYTES, Topology, load_topology
 from .errors import ConfigError, KbworkError, TcmOverflowError, ValidationError
 
@@ -71,42 +72,6 @@ def unrecognized(extras: list[str], parser: argparse.ArgumentParser) -> str:
     return message
 
 
-# --- argument types: argparse reports their message as "argument --flag: <message>" -------------------
-def int_range(low: int, high: int | None = None) -> Callable[[str], int]:
-    """An argparse type: an int in ``[low, high]`` (no upper bound when ``high`` is None)."""
-    what = (f"an integer between {low} and {high}" if high is not None else
-            "a positive integer" if low == 1 else "a non-negative integer" if low == 0 else f"an integer >= {low}")
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if value < low or (high is not None and value > high):
-            raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
-        return value
-
-    parse.__name__ = "int"  # argparse names the type in some messages
-    return parse
-
-
-def float_range(low: float, high: float) -> Callable[[str], float]:
-    """An argparse type: a finite float in ``[low, high]``."""
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number between {low:g} and {high:g}, got {text!r}") from None
-        if not (math.isfinite(value) and low <= value <= high):
-            raise argparse.ArgumentTypeError(f"expected a number between {low:g} and {high:g}, got {text!r}")
-        return value
-
-    parse.__name__ = "float"
-    return parse
-
-
-positive_int = int_range(1)
-nonnegative_int = int_range(0)
 
 
 def topology_setting(text: str) -> tuple[str, str]:

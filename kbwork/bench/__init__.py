@@ -38,7 +38,7 @@ from typing import Any, Callable
 
 from tqdm.auto import tqdm
 
-from ..cli import positive_int
+from ..argtypes import positive_int
 
 DEFAULT_KV = (1024, 4096, 32768, 131072, 1048576)
 PANEL_KV = 32768

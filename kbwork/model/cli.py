@@ -15,38 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from typing import Any
 
+from ..argtypes import nonnegative_float, positive_int
 from ..errors import ValidationError
 
 PLACEMENT_CHOICES = ("ahbm", "host", "both")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-_positive_int.__name__ = "int"
-
-
-def _nonnegative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text!r}") from None
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text!r}")
-    return value
-
-
-_nonnegative_float.__name__ = "float"
 
 
 def context_list(text: str) -> tuple[int, ...]:
@@ -94,7 +70,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                                            "what bounds it")
     s.add_argument("--model", default="llama-3-8b", help="model name (data/models/) or .toml path "
                                                          "(default llama-3-8b)")
-    s.add_argument("--batch", type=_positive_int, default=None,
+    s.add_argument("--batch", type=positive_int, default=None,
                    help="sequences in the batch (default 1, or the length of a --context list)")
     s.add_argument("--context", type=context_list, default=(8192,),
                    help="KV length of every sequence, or a comma list, one per sequence (default 8192)")
@@ -105,8 +81,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     s.add_argument("--schedule", default="serial", choices=SCHEDULES,
                    help="serial, or ping_pong (two halves overlapping host and device) for the device placement "
                         "(default serial)")
-    s.add_argument("--tile", type=_positive_int, default=128, help="decode tile and padding unit (default 128)")
-    s.add_argument("--handoff-us", type=_nonnegative_float, default=None,
+    s.add_argument("--tile", type=positive_int, default=128, help="decode tile and padding unit (default 128)")
+    s.add_argument("--handoff-us", type=nonnegative_float, default=None,
                    help="host <-> device hand-off latency, us (default: the host's, 2.0 for h200)")
     s.add_argument("--host", default="h200", help="host name (data/hosts/) or .toml path (default h200)")
     s.add_argument("--device", default="ahbm-device-v1", help="device or topology name, or .toml path "
