@@ -335,10 +335,8 @@ def run_suite(*, kv_len: int | None = None, device_pes: int | None = None, share
               min_seconds: float | None = None, passes: int | None = None,
               show_progress: bool = True) -> dict[str, Any]:
     """Every row of the module docstring; ``result["rows"]`` holds one row per measure (and variant)."""
-    from tqdm.auto import tqdm
-
     from . import MIN_SECONDS, PASSES, WARMUP_RUNS
-    from .loops import interleaved
+    from .loops import ratio_passes
 
     kv_len = KV if kv_len is None else kv_len
     device_pes = DEVICE_PES if device_pes is None else device_pes
@@ -347,22 +345,8 @@ def run_suite(*, kv_len: int | None = None, device_pes: int | None = None, share
     passes = PASSES if passes is None else passes
     shared = {**SHARED, "pes": shared_pes}
     load = [os.getloadavg()[0]]
-    cases = [_device_case(device_pes, kv_len), _shared_case(shared_pes, kv_len, shared)]
-    for row, _ in cases:
-        row["passes"] = {"num": [], "den": [], "ratio": []}
-    for p in range(passes):
-        for row, (num, den) in tqdm(cases, desc=f"device pass {p + 1}/{passes}", disable=not show_progress):
-            t = interleaved({"num": num, "den": den}, min_seconds, warmup=WARMUP_RUNS, collect=True, batch=True)
-            row["passes"]["num"].append(t["num"])
-            row["passes"]["den"].append(t["den"])
-            row["passes"]["ratio"].append(t["num"] / t["den"])
-        load.append(os.getloadavg()[0])
-    rows = []
-    for row, _ in cases:  # each side is its lowest pass median
-        row["num"], row["den"] = min(row["passes"]["num"]), min(row["passes"]["den"])
-        row["ratio"] = row["num"] / row["den"]
-        rows.append(row)
-    del cases
+    rows = ratio_passes([_device_case(device_pes, kv_len), _shared_case(shared_pes, kv_len, shared)], passes,
+                        min_seconds, WARMUP_RUNS, "device", load, show_progress)
     rows[0]["breakdown"] = breakdown(device_pes, kv_len)
     rows[0]["profile"] = profile_device(device_pes, kv_len)
     ab, ab_info = before_rows(before, ab_kv, ab_passes, show_progress=show_progress)

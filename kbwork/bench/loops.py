@@ -157,6 +157,31 @@ def interleaved(fns: dict[str, Callable[[], Any]], min_seconds: float, repeats: 
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def ratio_passes(cases: list, passes: int, min_seconds: float, warmup: int, suite: str, load: list[float],
+                 show_progress: bool = True) -> list[dict[str, Any]]:
+    """Time each ``(row, (num, den))`` of ``cases`` in ``passes`` passes, the two sides interleaved and batched
+    (:func:`interleaved`); every pass's figures go to ``row["passes"]`` and each side is its lowest pass median
+    (``row["num"]``, ``row["den"]``, ``row["ratio"]``). Appends the 1-minute load average after each pass to
+    ``load``. Returns the rows, in the order of ``cases``."""
+    from tqdm.auto import tqdm
+
+    for row, _ in cases:
+        row["passes"] = {"num": [], "den": [], "ratio": []}
+    for p in range(passes):
+        for row, (num, den) in tqdm(cases, desc=f"{suite} pass {p + 1}/{passes}", disable=not show_progress):
+            t = interleaved({"num": num, "den": den}, min_seconds, warmup=warmup, collect=True, batch=True)
+            row["passes"]["num"].append(t["num"])
+            row["passes"]["den"].append(t["den"])
+            row["passes"]["ratio"].append(t["num"] / t["den"])
+        load.append(os.getloadavg()[0])
+    rows = []
+    for row, _ in cases:
+        row["num"], row["den"] = min(row["passes"]["num"]), min(row["passes"]["den"])
+        row["ratio"] = row["num"] / row["den"]
+        rows.append(row)
+    return rows
+
+
 # --- the three timed measures: each returns the pair of callables and what it checked ---------
 def _steady_case(variant: str, kv_lens: tuple[int, int]):
     from .. import decode

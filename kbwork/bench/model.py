@@ -233,30 +233,15 @@ def interactive(min_seconds: float, cold_runs: int = COLD_RUNS) -> list[dict[str
 def run_suite(*, dask: bool = True, min_seconds: float | None = None, passes: int | None = None,
               show_progress: bool = True) -> dict[str, Any]:
     """Every row of the module docstring, and the interactive figures."""
-    from tqdm.auto import tqdm
-
     from . import MIN_SECONDS, PASSES, WARMUP_RUNS
-    from .loops import interleaved
+    from .loops import ratio_passes
 
     min_seconds = MIN_SECONDS if min_seconds is None else min_seconds
     passes = PASSES if passes is None else passes
     load = [os.getloadavg()[0]]
-    cases = [_step_case("uniform", MODEL, [CONTEXT] * BATCH), _step_case("mixed", MODEL, mixed_contexts())]
-    for row, _ in cases:
-        row["passes"] = {"num": [], "den": [], "ratio": []}
-    for p in range(passes):
-        for row, (num, den) in tqdm(cases, desc=f"model pass {p + 1}/{passes}", disable=not show_progress):
-            t = interleaved({"num": num, "den": den}, min_seconds, warmup=WARMUP_RUNS, collect=True, batch=True)
-            row["passes"]["num"].append(t["num"])
-            row["passes"]["den"].append(t["den"])
-            row["passes"]["ratio"].append(t["num"] / t["den"])
-        load.append(os.getloadavg()[0])
-    rows = []
-    for row, _ in cases:
-        row["num"], row["den"] = min(row["passes"]["num"]), min(row["passes"]["den"])
-        row["ratio"] = row["num"] / row["den"]
-        rows.append(row)
-    del cases
+    rows = ratio_passes([_step_case("uniform", MODEL, [CONTEXT] * BATCH),
+                         _step_case("mixed", MODEL, mixed_contexts())], passes, min_seconds, WARMUP_RUNS, "model",
+                        load, show_progress)
     inter = interactive(min_seconds)
     load.append(os.getloadavg()[0])
     if dask:
