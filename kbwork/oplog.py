@@ -219,7 +219,7 @@ def to_perfetto(op_log: pd.DataFrame, path: str | Path | None = None, clock_ghz:
                 counters: dict[str, Sequence[tuple[int, float]]] | None = None) -> dict:
     """Export as Chrome-trace JSON (``"ph": "X"`` events) that Perfetto's UI opens.
 
-    One process per PE (``process_name``, then ``PE p`` on a device), one
+    One process per PE (``process_name`` for PE 0 alone, else ``PE p``), one
     thread (track) per engine unit of it, in track order (each DMA channel its
     own), named by metadata events. Times are whole nanoseconds from
     ``clock_ghz`` (:func:`cycles_to_ns`), rounded before ``dur`` is taken, and
@@ -253,7 +253,7 @@ def to_perfetto(op_log: pd.DataFrame, path: str | Path | None = None, clock_ghz:
     pes = sorted(pd.unique(op_log["pe"].to_numpy()).tolist()) or [0]
     events: list[dict] = []
     for p in pes:
-        name = process_name if len(pes) == 1 else f"PE {p}"
+        name = process_name if pes == [0] else f"PE {p}"  # a PE other than 0 is named, even alone
         events.append({"ph": "M", "name": "process_name", "pid": p + 1, "tid": 0, "args": {"name": name}})
         events.append({"ph": "M", "name": "process_sort_index", "pid": p + 1, "tid": 0, "args": {"sort_index": p}})
         for i, tname in enumerate(tracks):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import inspect
 import itertools
 import threading
 from pathlib import Path
@@ -163,8 +164,8 @@ class Simulator:
             ``run.steady_state`` says which path ran.
 
         Raises:
-            ValidationError, TcmOverflowError: from the kernel's ``tl`` calls, or a ``steady_state``
-                that is not a bool.
+            ValidationError, TcmOverflowError: from the kernel's ``tl`` calls, arguments the kernel's signature
+                refuses, or a ``steady_state`` that is not a bool.
             SimulationError: the program deadlocks, or emits no commands.
         """
         if not callable(kernel):
@@ -182,7 +183,8 @@ class Simulator:
         writes. Each kernel is called exactly once per launch.
 
         Args:
-            launches: PE -> its :class:`Launch` es (PEs ``0 .. pes - 1`` of the topology; PEs not named run nothing).
+            launches: PE -> its :class:`Launch` es, a list (PEs ``0 .. pes - 1`` of the topology; PEs not named run
+                nothing); a single Launch is taken as a list of one.
             steady_state: timing mode: insert the remaining periods of ``tl.range`` loops once proven (DESIGN.md
                 §12); keyword-only, a ``bool``. Data mode simulates every stage.
             reductions: split the PEs into groups that share no contended channel and replicate identical groups
@@ -195,7 +197,8 @@ class Simulator:
 
         Raises:
             ValidationError: bad launches (not a mapping of PEs to lists of Launch, a PE the topology does not
-                have), a PE writing another PE's bytes, or any error of a kernel's ``tl`` calls.
+                have, arguments the kernel's signature refuses), a PE writing another PE's bytes, or any error of a
+                kernel's ``tl`` calls.
             SimulationError: a program deadlocks, or a launch emits no commands.
         """
         check_steady_state(steady_state, "Simulator.run_device")
@@ -210,10 +213,25 @@ class Simulator:
         return tcm, tcm.alloc("<staging buffers>", (StagingRing.bytes_for(self.topo) // 4,), "fp32")
 
     def _trace(self, kernel, args, kwargs, label: str | None = None) -> tuple[TLContext, Any, Handle]:
-        """Call the kernel once on a fresh TCM: its context (trace, names), the TCM and the staging buffers."""
+        """Call the kernel once on a fresh TCM: its context (trace, names), the TCM and the staging buffers.
+
+        Raises:
+            ValidationError: the kernel cannot be called with these arguments (its signature refuses them).
+        """
         tcm, staging = self._new_launch(label)
         tl = TLContext(self.topo, self.memory)
-        kernel(tl, *args, **kwargs)
+        try:
+            kernel(tl, *args, **kwargs)
+        except TypeError as e:
+            why = _refused_call(kernel, tl, args, kwargs)
+            if why is None:  # raised inside the kernel, not by the call: the kernel's own error
+                raise
+            name = getattr(kernel, "__name__", repr(kernel))
+            given = ", ".join(["tl"] + [getattr(a, "name", repr(a)) for a in args]
+                              + [f"{k}={getattr(v, 'name', repr(v))}" for k, v in kwargs.items()])
+            raise ValidationError(f"{label + ': ' if label else ''}kernel {name!r} cannot be called as "
+                                  f"{name}({given}): {why}. Its signature is {name}{why.signature}; a kernel is "
+                                  f"def k(tl, *handles, **scalars) (DESIGN.md §2).") from None
         return tl, tcm, staging
 
     def _run(self, kernel, args, kwargs, steady_state: bool = True) -> "Run":
@@ -300,6 +318,29 @@ class Simulator:
                         f"in HBM after run {run._index + 1}, which did not write it. Read results before running "
                         f"again, or give each run its own Simulator.")
         return raw.view(DTYPES[h.dtype]).reshape(h.shape)
+
+
+class _Refusal(str):
+    """Why a signature refuses a call, with the signature (for the message)."""
+
+    signature: str = "(...)"
+
+
+def _refused_call(kernel: Callable[..., Any], *args: Any) -> _Refusal | None:
+    """Why ``kernel(*args[0], *args[1], **args[2])`` fails to bind to the kernel's signature, or None when it binds
+    (or the signature cannot be read)."""
+    tl, pos, kw = args
+    try:
+        sig = inspect.signature(kernel)
+    except (TypeError, ValueError):
+        return None
+    try:
+        sig.bind(tl, *pos, **kw)
+    except TypeError as e:
+        why = _Refusal(str(e))
+        why.signature = str(sig)
+        return why
+    return None
 
 
 def _perfetto_counters(run: "Run") -> dict:
@@ -692,7 +733,8 @@ class DeviceRun(Run):
             loops=tuple(f"PE {p}: {line}" for p, r in runs.items() for line in r.steady_state.loops))
 
     def __repr__(self) -> str:
-        return (f"Run({self.mode}, device of {len(self.runs)} PEs, {self.n_stages} stages, {self.cycles} cycles = "
+        n = len(self.runs)
+        return (f"Run({self.mode}, device of {n} PE{'s' if n != 1 else ''}, {self.n_stages} stages, {self.cycles} cycles = "
                 f"{self.topology.cycles_to_us(self.cycles):.3f} us; {self.reductions})")
 
     def pe(self, p: int) -> Run:

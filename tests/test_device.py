@@ -186,6 +186,35 @@ def test_bad_launches_are_refused_before_anything_runs(launches, match):
         sim.run_device(launches)
 
 
+def test_arguments_a_kernel_s_signature_refuses_are_a_validation_error_naming_the_kernel_and_its_launch():
+    def load(tl, x):
+        tl.load(x)
+
+    def no_tl():
+        pass
+
+    def buggy(tl, x):
+        return len(3)  # a TypeError inside the kernel is the kernel's own: it propagates as it is
+
+    sim = kbwork.Simulator(mode="timing", pes=2)
+    x = sim.hbm("x", shape=(4,), dtype="fp32")
+    cases = [({1: [Launch(load)]}, r"kernel 'load' cannot be called as load\(tl\): missing a required argument: "
+                                   r"'x'\. Its signature is load\(tl, x\)"),
+             ({0: [Launch(load, x)], 1: [Launch(load, x, y=1)]},
+              r"PE 1, launch 0: kernel 'load' cannot be called as load\(tl, x, y=1\): got an unexpected keyword"),
+             ({0: [Launch(no_tl, x)]}, r"no_tl\(tl, x\): too many positional arguments.*def k\(tl, \*handles")]
+    for plan, match in cases:
+        with pytest.raises(ValidationError, match=match):
+            sim.run_device(plan)
+    with pytest.raises(ValidationError, match=r"kernel 'load' cannot be called as load\(tl, x, x\)"):
+        sim.run(load, x, x)
+    with pytest.raises(TypeError, match=r"has no len") as info:
+        sim.run(buggy, x)
+    assert not isinstance(info.value, ValidationError)
+    # a single Launch is a list of one
+    assert sim.run_device({1: Launch(load, x)}).op_log.equals(sim.run_device({1: [Launch(load, x)]}).op_log)
+
+
 def test_bad_channels_and_switches_are_refused():
     sim = kbwork.Simulator(mode="timing", pes=4, hbm_channels=2)
     with pytest.raises(kbwork.KbworkError, match=r"channel"):

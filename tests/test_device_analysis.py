@@ -289,6 +289,10 @@ def test_perfetto_has_a_process_per_pe_and_a_counter_per_channel():
     assert len([e for e in ev if e["ph"] == "X"]) == len(run.op_log)
     # one PE's run does not hold the other PEs' transfers: no counters rather than wrong ones
     assert not [e for e in run.pe(0).to_perfetto()["traceEvents"] if e["ph"] == "C"]
+    # a PE other than 0 is named, alone too (PE 0 alone is the one-PE run's "AHBM PE")
+    for p, want in ((0, "AHBM PE"), (2, "PE 2")):
+        alone = run.pe(p).to_perfetto()["traceEvents"]
+        assert [e["args"]["name"] for e in alone if e["name"] == "process_name"] == [want]
     one = decode.run("opt2", kv_len=512, mode="timing").to_perfetto()["traceEvents"]
     assert {e["name"] for e in one if e["ph"] == "C"} == {"HBM channel 0"}
 

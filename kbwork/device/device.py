@@ -44,7 +44,7 @@ class Reductions:
     replicated_from: dict[int, int] = field(default_factory=dict)  # PE -> the PE whose records it took
 
     def __str__(self) -> str:
-        parts = [f"{self.pes} PEs"]
+        parts = [f"{self.pes} PE{'s' if self.pes != 1 else ''}"]
         if self.pes > 1:
             parts.append(f"{self.groups} groups simulated separately" if self.groups > 1 else "one group")
             if self.simulated < self.groups:
