@@ -184,6 +184,12 @@ def _validate(t: Topology) -> None:
                 (math.isinf(v) and (key not in _MAY_BE_INF or v < 0)):
             allowed = "a positive number or inf (unconstrained)" if key in _MAY_BE_INF else "a finite number"
             raise ConfigError(f"topology key {key!r} must be {allowed}, got {_describe(v)}.")
+        if isinstance(v, Fraction) and exact_fraction(float(v)) != v:
+            # taken as written means as a decimal (DESIGN.md §4): a fraction with no short decimal would be
+            # rounded to a float's, silently moving ceil()s by a cycle
+            raise ConfigError(f"topology key {key!r} is Fraction({v.numerator}, {v.denominator}), which has no exact "
+                              f"decimal of at most 17 digits; kbwork takes {key} as the decimal written "
+                              f"(DESIGN.md §4). Give it as a decimal (e.g. {float(v):.6g}).")
         object.__setattr__(t, key, float(v))
         v = float(v)
         if math.isinf(v):

@@ -76,6 +76,9 @@ class Simulator:
         if not isinstance(mode, str) or mode not in MODES:
             raise ValidationError(f"Simulator mode {mode!r} is unknown; use 'data' or 'timing'.")
         self.topo = load_topology(topology, **overrides)
+        #: the topology in error messages: its name and what the call changed of it ("ahbm-pe-v1 with pes=2")
+        self.topology_text = self.topo.name + (" with " + ", ".join(f"{k}={v!r}" for k, v in overrides.items())
+                                               if overrides else "")
         self.mode = mode
         self.label = f"simulator #{next(_serial)}"
         self.memory = Memory(self.topo.tcm_bytes, backed=mode == "data", label=self.label)
@@ -110,7 +113,7 @@ class Simulator:
         if isinstance(channel, (bool, np.bool_)) or not isinstance(channel, (int, np.integer)) or \
                 not 0 <= channel < self.topo.hbm_channels:
             raise ValidationError(f"sim.hbm({name!r}): channel={channel!r} is not an HBM channel of "
-                                  f"{self.topo.name} (it has {self.topo.hbm_channels}: 0 .. "
+                                  f"{self.topology_text} (it has {self.topo.hbm_channels}: 0 .. "
                                   f"{self.topo.hbm_channels - 1}).")
         arr = None
         if array is None:
@@ -204,7 +207,7 @@ class Simulator:
         check_steady_state(steady_state, "Simulator.run_device")
         if not isinstance(reductions, bool):
             raise ValidationError(f"Simulator.run_device: reductions must be True or False, got {reductions!r}.")
-        plan = _check_launches(launches, self.topo)
+        plan = _check_launches(launches, self.topo, self.topology_text)
         return self._run_device(plan, steady_state, reductions)
 
     def _new_launch(self, label: str | None = None) -> tuple[Any, Handle]:
@@ -459,7 +462,7 @@ class Launch:
         return f"Launch({getattr(self.kernel, '__name__', self.kernel)}({args}))"
 
 
-def _check_launches(launches: Any, topo: Topology) -> dict[int, list[Launch]]:
+def _check_launches(launches: Any, topo: Topology, topology_text: str) -> dict[int, list[Launch]]:
     """``launches`` as PE -> list of Launch, in PE order; or a ValidationError saying what is wrong."""
     if not isinstance(launches, Mapping):
         raise ValidationError(f"run_device expects a mapping PE -> [Launch, ...], e.g. {{0: [Launch(k, a, b)]}}; "
@@ -469,7 +472,7 @@ def _check_launches(launches: Any, topo: Topology) -> dict[int, list[Launch]]:
     out: dict[int, list[Launch]] = {}
     for pe in launches:
         if isinstance(pe, (bool, np.bool_)) or not isinstance(pe, (int, np.integer)) or not 0 <= pe < topo.pes:
-            raise ValidationError(f"run_device: PE {pe!r} is not a PE of {topo.name} (it has {topo.pes}: "
+            raise ValidationError(f"run_device: PE {pe!r} is not a PE of {topology_text} (it has {topo.pes}: "
                                   f"0 .. {topo.pes - 1}); give a device topology (pes=...) for more.")
         lst = launches[pe]
         if isinstance(lst, Launch):

@@ -217,8 +217,18 @@ def test_arguments_a_kernel_s_signature_refuses_are_a_validation_error_naming_th
 
 def test_bad_channels_and_switches_are_refused():
     sim = kbwork.Simulator(mode="timing", pes=4, hbm_channels=2)
-    with pytest.raises(kbwork.KbworkError, match=r"channel"):
+    # the message names the topology as the call changed it, not as its file says
+    with pytest.raises(kbwork.KbworkError, match=r"channel=2 is not an HBM channel of ahbm-pe-v1 with pes=4, "
+                                                 r"hbm_channels=2 \(it has 2: 0 \.\. 1\)"):
         sim.hbm("x", shape=(4,), dtype="fp32", channel=2)
+    with pytest.raises(ValidationError, match=r"PE 4 is not a PE of ahbm-pe-v1 with pes=4, hbm_channels=2"):
+        sim.run_device({4: [Launch(busy, 1)]})
+    # a bandwidth is taken as the decimal written (DESIGN §4): a fraction with one is exact, one without refused
+    from fractions import Fraction
+    assert kbwork.load_topology(channel_bytes_per_cycle=Fraction(81, 2)).channel_fraction == Fraction(81, 2)
+    for key in ("channel_bytes_per_cycle", "r_cycles_per_byte"):
+        with pytest.raises(kbwork.ConfigError, match=rf"'{key}' is Fraction\(64, 3\), which has no exact decimal"):
+            kbwork.load_topology(**{key: Fraction(64, 3)})
     with pytest.raises(ValidationError, match=r"reductions must be True or False"):
         sim.run_device({0: [Launch(busy, 1)]}, reductions="no")
     with pytest.raises(kbwork.ConfigError, match=r"multiple of hbm_channels"):
