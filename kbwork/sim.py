@@ -225,15 +225,16 @@ class Simulator:
         tl = TLContext(self.topo, self.memory)
         try:
             kernel(tl, *args, **kwargs)
-        except TypeError as e:
-            why = _refused_call(kernel, tl, args, kwargs)
-            if why is None:  # raised inside the kernel, not by the call: the kernel's own error
+        except TypeError:
+            refused = _refused_call(kernel, tl, args, kwargs)
+            if refused is None:  # raised inside the kernel, not by the call: the kernel's own error
                 raise
+            why, signature = refused
             name = getattr(kernel, "__name__", repr(kernel))
             given = ", ".join(["tl"] + [getattr(a, "name", repr(a)) for a in args]
                               + [f"{k}={getattr(v, 'name', repr(v))}" for k, v in kwargs.items()])
             raise ValidationError(f"{label + ': ' if label else ''}kernel {name!r} cannot be called as "
-                                  f"{name}({given}): {why}. Its signature is {name}{why.signature}; a kernel is "
+                                  f"{name}({given}): {why}. Its signature is {name}{signature}; a kernel is "
                                   f"def k(tl, *handles, **scalars) (DESIGN.md §2).") from None
         return tl, tcm, staging
 
@@ -323,26 +324,17 @@ class Simulator:
         return raw.view(DTYPES[h.dtype]).reshape(h.shape)
 
 
-class _Refusal(str):
-    """Why a signature refuses a call, with the signature (for the message)."""
-
-    signature: str = "(...)"
-
-
-def _refused_call(kernel: Callable[..., Any], *args: Any) -> _Refusal | None:
-    """Why ``kernel(*args[0], *args[1], **args[2])`` fails to bind to the kernel's signature, or None when it binds
-    (or the signature cannot be read)."""
-    tl, pos, kw = args
+def _refused_call(kernel: Callable[..., Any], tl: Any, args: tuple, kwargs: dict) -> tuple[str, str] | None:
+    """Why ``kernel(tl, *args, **kwargs)`` does not bind to the kernel's signature, and the signature; None when
+    it binds (or the signature cannot be read)."""
     try:
         sig = inspect.signature(kernel)
     except (TypeError, ValueError):
         return None
     try:
-        sig.bind(tl, *pos, **kw)
+        sig.bind(tl, *args, **kwargs)
     except TypeError as e:
-        why = _Refusal(str(e))
-        why.signature = str(sig)
-        return why
+        return str(e), str(sig)
     return None
 
 
