@@ -16,7 +16,7 @@ import pandas as pd
 
 from .config import Topology, load_topology
 from .errors import SimulationError, ValidationError
-from .memory import DTYPE_MAX, DTYPES, Handle, Memory, Space, canonical_dtype, check_shape
+from .memory import DTYPE_MAX, DTYPES, Handle, LoopHandle, Memory, Space, canonical_dtype, check_shape
 from .oplog import build_op_log, concat_op_logs, to_csv, to_perfetto
 from .device import CAUSES, Bindings, Timeline
 from .device.device import Reductions, simulate_device
@@ -586,7 +586,8 @@ class Run:
 
         TCM handles read this run's own TCM. An HBM tensor reads what this run
         left there, even after the simulator ran again, as long as no later run
-        overwrote bytes this run did not write.
+        overwrote bytes this run did not write. A handle kept from a ``tl.range``
+        body reads its last iteration's tensor, as a Python loop leaves it.
 
         Raises:
             SimulationError: timing mode (no numbers were computed), or a later run
@@ -598,6 +599,14 @@ class Run:
             raise SimulationError("this run was simulated in timing mode, which computes no numbers; "
                                   "use Simulator(mode='data').")
         h = self._lookup(handle_or_name) if isinstance(handle_or_name, str) else handle_or_name
+        if isinstance(h, LoopHandle) and (h.origin is None or h.origin.alive):
+            # kept from a tl.range body: as a Python loop leaves it, the last iteration's (a buffer of a scratch
+            # scope that has closed is refused below, as any)
+            n = h.var.iterations if h.var is not None else 0
+            if not n:
+                raise ValidationError(f"Run.read({h.name!r}): a handle made in the body of a tl.range that ran no "
+                                      f"iteration; no iteration left a tensor to read.")
+            h = h.at(n - 1)
         if not isinstance(h, Handle):
             raise ValidationError(f"Run.read expects a tensor handle or a tensor name, got {handle_or_name!r}.")
         arena = self._tcm_of(h) if h.space is Space.TCM else self.sim.memory.hbm

@@ -19,7 +19,8 @@ loops, valid by construction:
   an accumulator to a j-sliced HBM tensor; a ``tl.scratch_scope()`` holding a ``tl.load`` of a j-sliced
   tensor (an input, an output the body writes, or rarely a fixed slice of one: a loop that is not
   shift-invariant) and commands reading it; ``tl.iteration(j + c)`` labels, ``label=``, legacy and flat
-  forms, ``tl.wait`` on an earlier command of the same body;
+  forms, ``tl.wait`` on an earlier command of the same body, before a command or after one (at the end of a
+  body it holds the next iteration);
 * sometimes a second loop with commands between the two, and a peeled tail after the last one at the
   concrete index that follows it (``S[n]`` is slot ``n mod len(S)``).
 
@@ -140,11 +141,13 @@ class Cmd:
     label: str | None = None
     form: str = "legacy"
     wait: int | None = None    # uid of an earlier command of the same segment to tl.wait on first
+    wait_after: int | None = None  # uid of this or an earlier command of the segment to tl.wait on after it
     name: str | None = None    # load: name= (None: the default name)
     uid: int = field(default_factory=lambda: next(_uids))
 
     def __repr__(self) -> str:
         pre = (f"tl.wait(<{self.wait}>); " if self.wait is not None else "") + \
+              (f"then tl.wait(<{self.wait_after}>); " if self.wait_after is not None else "") + \
               (f"[iter j{self.it:+d}] " if self.it is not None else "") + (f"[{self.label!r}] " if self.label else "")
         if self.what == "store":
             body = f"tl.store({self.src!r}, {self.dst!r})"
@@ -541,6 +544,12 @@ class Gen:
             if targets and self.draw(st.integers(0, 5)) == 0:
                 c.wait = self.draw(st.sampled_from(targets))
                 self.features.add("tl.wait")
+            # a wait right after a command: at the end of a body it holds the next iteration (and after the
+            # loop, the next command), as a Python loop does
+            after = targets + ([c.uid] if c.what != "load" else [])
+            if after and self.draw(st.integers(0, 7)) == 0:
+                c.wait_after = self.draw(st.sampled_from(after))
+                self.features.add("tl.wait at the end of a body" if k == len(flat) - 1 else "tl.wait after")
         return items
 
     def loop(self, min_start: int = 0) -> Segment:
@@ -693,6 +702,8 @@ def drop(k: Kernel, uid: int) -> None:
         for c in seg.cmds():
             if c.wait == uid:
                 c.wait = None
+            if c.wait_after == uid:
+                c.wait_after = None
 
 
 @st.composite
@@ -782,11 +793,12 @@ def emit(tl, c: Cmd, j, env: Env, done: dict) -> None:
     with tl.iteration(j + c.it) if c.it is not None else contextlib.nullcontext():
         if c.what == "load":
             env.scratch[c.dst.name] = tl.load(H(c.src), name=c.name, **label)
-            return
-        if c.what == "store":
+        elif c.what == "store":
             done[c.uid] = tl.store(H(c.src), H(c.dst), **label)
-            return
-        done[c.uid] = composite(tl, c, H, label)
+        else:
+            done[c.uid] = composite(tl, c, H, label)
+    if c.wait_after is not None:
+        tl.wait(done[c.wait_after])
 
 
 def composite(tl, c: Cmd, H, label: dict):
@@ -923,7 +935,7 @@ def check_steady(full, fast) -> None:
 
 def reason_kind(reason: str) -> str:
     for key in ("too few", "no repeated state", "overlaps in some iterations", "ended before", "no tl.range",
-                "no loop was accelerated"):
+                "no loop was accelerated", "waits on the one before it"):
         if key in reason:
             return key
     return reason
@@ -964,6 +976,7 @@ FEATURES = {
     "reads the scratch tile", "scratch load of an output the loop writes", "scratch load of a fixed slice",
     "tl.iteration", "tl.iteration around a loop", "tl.wait", "two loops", "step 2", "step -1", "loop of 0",
     "loop of 1-3", "loop of 4-20", "loop of 24-80", "softmax_merge updates a ring slot",
+    "tl.wait at the end of a body", "tl.wait after",
 }
 
 

@@ -371,3 +371,100 @@ def test_a_recipe_in_a_body_under_a_scope_opened_outside_the_body_is_refused():
     with pytest.raises(TraceError, match=r"recipe 'softmax_merge' allocates its scratch in a tl\.scratch_scope\(\) "
                                          r"opened outside the tl\.range body.*Open the scratch scope inside the body"):
         sim.run(kernel)
+
+
+# --- waits around and at the end of a body, as a Python loop places them ---------------------------------------
+def _wait_kernel(loop, n, where, rel, T=32):
+    def kernel(tl, X, W, out):
+        Wt = tl.load(W, name="Wt")
+        pre = tl.composite(op="gemm", a=X[0:T], b=Wt, out=out[0:T], label="pre")
+        if where in ("before", "both"):
+            tl.wait(pre)  # holds the loop's first command
+        for j in tl.range(n) if loop == "tl" else range(n):
+            with tl.iteration(j):
+                c = tl.composite(op="gemm", a=X[j * T:(j + 1) * T], b=Wt, out=out[(j + 1) * T:(j + 2) * T],
+                                 label="g")
+                if where in ("end", "both"):
+                    tl.wait(c if rel else pre)  # the last thing of the body: holds the next iteration's first command
+        tl.composite(op="math", math_op="fill", out=Wt, value=0.0, label="after")
+    return kernel
+
+
+@pytest.mark.parametrize("where,rel", [("before", True), ("end", True), ("end", False), ("both", True)])
+@pytest.mark.parametrize("n", [0, 1, 3, 300])
+def test_a_wait_before_a_loop_or_at_the_end_of_its_body_holds_what_a_python_loop_holds(where, rel, n):
+    T = 32
+    runs = {}
+    for loop, steady in (("python", False), ("tl", False), ("tl", True)):
+        sim = kbwork.Simulator(mode="timing")
+        X = sim.hbm("X", shape=(max(n, 1) * T, 64), dtype="bf16")
+        W = sim.hbm("W", shape=(64, 64), dtype="bf16")
+        out = sim.hbm("out", shape=((max(n, 1) + 1) * T, 64), dtype="fp32")
+        runs[loop, steady] = sim.run(_wait_kernel(loop, n, where, rel), X, W, out, steady_state=steady)
+    py = runs["python", False]
+    # a body command prints, its symbolic iter label as text (it used to raise a TraceError about an `if`)
+    assert "iter=j" in repr(runs["tl", False].program.loops[0].body[0])
+    for r in (runs["tl", False], runs["tl", True]):
+        assert r.to_csv() == py.to_csv() and r.critical_path().equals(py.critical_path())
+    log = py.op_log
+    done = log.groupby("cmd")["end"].max()
+    first = log[log.stage == "DISPATCH"].set_index("cmd")["ready"]
+    if where in ("before", "both") and n:
+        assert first[2] >= done[1]  # the loop's first command waited for 'pre'
+    if where in ("end", "both") and rel:
+        for c in range(3, 3 + n):   # each iteration's first command (and 'after') waited for the one before
+            assert first[c] >= done[c - 1]
+    fast = runs["tl", True].steady_state
+    if n == 300:
+        want = "full" if where in ("end", "both") and rel else "steady"
+        assert fast.path == want, fast
+        if want == "full":
+            assert "a tl.wait at the end of its body" in fast.reason and "waits on the one before it" in fast.reason
+
+
+def test_a_tl_range_iterated_twice_is_two_loops_as_a_python_range_is():
+    sim, X, W, out = _sim(mode="data", n=3)
+    logs, seen = [], {}
+    for use in (False, True):
+        def kernel(tl, X, W, out):
+            Wt = tl.load(W, name="Wt")
+            r = seen["range"] = tl.range(3) if use else range(3)
+            for j in r:
+                tl.composite(op="gemm", a=X[j * 64:(j + 1) * 64], b=Wt, out=out[j * 64:(j + 1) * 64])
+            for j in r:
+                tl.composite(op="math", math_op="fill", out=Wt, value=0.0)
+        run = sim.run(kernel, X, W, out)
+        logs.append((run.to_csv(), run.read(out).tobytes(), len(run.commands)))
+        if use:
+            assert len(run.program.loops) == 2 and repr(seen["range"]) == "tl.range(3)"
+    assert logs[0] == logs[1] and logs[1][2] == 7
+
+
+def test_run_read_of_a_handle_kept_from_a_body_reads_the_last_iteration_s_tensor():
+    got = {}
+    for use in (False, True):
+        sim = kbwork.Simulator(mode="data")
+        X = sim.hbm("X", np.arange(24 * 16, dtype=np.float32).reshape(24, 16))
+        Y = sim.hbm("Y", shape=(24, 16), dtype="fp32")
+        keep = {}
+
+        def kernel(tl, X, Y, n=3):
+            S = tl.ring(2, (8, 16), "fp32", name="S")
+            for j in tl.range(n) if use else range(n):
+                keep["x"], keep["s"] = X[j * 8:(j + 1) * 8], S[j]
+                tl.composite(op="math", math_op="copy", a=X[j * 8:(j + 1) * 8], out=S[j])
+                tl.store(S[j], Y[j * 8:(j + 1) * 8])
+        run = sim.run(kernel, X, Y)
+        got[use] = (run.read(keep["x"]).tobytes(), run.read(keep["s"]).tobytes())
+    assert got[False] == got[True]
+    sim = kbwork.Simulator(mode="data")
+    X = sim.hbm("X", np.ones((8, 16), np.float32))
+    keep = {}
+
+    def empty(tl, X):
+        for j in tl.range(0):
+            keep["x"] = X[j * 8:(j + 1) * 8]
+        tl.load(X, name="Xt")
+    run = sim.run(empty, X)
+    with pytest.raises(ValidationError, match=r"a tl.range that ran no iteration"):
+        run.read(keep["x"])

@@ -211,6 +211,18 @@ def shift_invariant(prog: Program, loop: Loop) -> str | None:
     return None
 
 
+def _waits_across_iterations(loop: Loop) -> str | None:
+    """None unless a ``tl.wait`` at the end of ``loop``'s body holds the next iteration on a command of this one
+    (a jump would leave the waiting command's target among the inserted periods), else that, in words."""
+    n = len(loop.body)
+    for k, t, rel in loop.waits:
+        if k == n and rel:
+            return (f"loop {loop.number}: a tl.wait at the end of its body (on body command {t}, "
+                    f"{loop.body[t].label!r}) holds the next iteration's first command, so each iteration waits on "
+                    f"the one before it")
+    return None
+
+
 def jump(pe: PeState, ins: Insertion) -> None:
     """Move ``pe`` past ``ins.k`` periods: the cursor skips them, and the commands still in flight take the
     footprints they would have ``k`` periods on (the hazards they meet from now on are those)."""
@@ -289,7 +301,7 @@ def _watch(watches: dict[int, _Watch], loop: Loop, prog: Program) -> _Watch:
     once: the shift-invariance rule)."""
     w = watches.get(id(loop))
     if w is None:
-        why = shift_invariant(prog, loop)
+        why = shift_invariant(prog, loop) or _waits_across_iterations(loop)
         w = watches[id(loop)] = _Watch(loop, prog.loop_period(loop), why)
         if why is not None:
             w.outcome = f"simulated in full: {why}"

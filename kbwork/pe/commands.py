@@ -21,6 +21,7 @@ import numpy as np
 from ..config import exact_fraction
 from ..errors import ValidationError
 from ..memory import Handle
+from ..symbolic import Index
 
 LOGICAL_BYTES_PER_HANDLE = 8
 LOGICAL_BYTES_PER_OP = 8
@@ -200,7 +201,9 @@ class CompositeCmd:
                            ops[0].logical_bytes if len(ops) == 1 else sum([op.logical_bytes for op in ops]))
 
     def __repr__(self) -> str:
-        it = f", iter={self.iter}" if self.iter >= 0 else ""
+        it = self.iter
+        # a loop body's command carries a symbolic label (tl.iteration(j + 1)): written as text, never compared
+        it = f", iter={it.text}" if isinstance(it, Index) else f", iter={it}" if it >= 0 else ""
         return (f"CompositeCmd(#{self.completion.cmd} {self.label!r}, {len(self.ops)} ops, "
                 f"{self.logical_bytes} logical B{it})")
 

@@ -68,6 +68,8 @@ class Loop:
         iters: per body command its ``iter`` label: -1, an int, or an affine :class:`~kbwork.symbolic.Index`.
         waits: ``(body index, target, relative)``: before body command ``k``, ``tl.wait`` on body command
             ``target`` of the same iteration (``relative``) or on command id ``target`` (before the loop).
+            ``k == len(body)`` is a wait at the end of the body: it holds the next iteration's first command
+            (and, after the last iteration, the loop's next command: a plain wait the trace records).
         period: the loop's structural period in iterations: the lcm of the periods of the rings its body
             indexes with the index (1 if none). Iteration ``i + period`` repeats iteration ``i`` with every
             row slice moved by its stride.
@@ -156,6 +158,9 @@ class Trace:
         for before, target in waits:
             waits_by.setdefault(before, []).append(target)
         self._waits = {c: tuple(sorted(ts)) for c, ts in waits_by.items()}
+        # the loops a tl.wait outside them holds a command of (one issued just before a loop holds its first)
+        self._held = frozenset(seg.number for seg in self.loops
+                               if any(seg.first_cmd <= c < seg.end_cmd for c in self._waits))
         self.commands = CommandList(self)
 
     def __repr__(self) -> str:
@@ -172,13 +177,27 @@ class Trace:
         return seg.command(*seg.where(cid))
 
     def waits_of(self, cid: int) -> tuple[int, ...]:
-        """The commands ``tl.wait`` put before command ``cid``, ascending."""
+        """The commands ``tl.wait`` put before command ``cid``, ascending (as a plain Python loop puts them)."""
         seg = self.segment_of(cid)
-        if isinstance(seg, Plain):
-            return self._waits.get(cid, ())
-        i, k = seg.where(cid)
-        base = seg.first_cmd + i * len(seg.body)
-        return tuple(sorted(base + t if rel else t for kk, t, rel in seg.waits if kk == k))
+        plain = self._waits.get(cid, ())
+        if isinstance(seg, Plain) or not (seg.waits or plain):
+            return plain
+        return tuple(sorted(plain + self._loop_waits(seg, *seg.where(cid))))
+
+    @staticmethod
+    def _loop_waits(seg: "Loop", i: int, k: int) -> tuple[int, ...]:
+        """What ``seg``'s own waits put before body command ``k`` of iteration ``i``: those before ``k``, and for
+        ``k == 0`` those at the end of the previous iteration's body."""
+        n = len(seg.body)
+        base = seg.first_cmd + i * n
+        out = tuple(base + t if rel else t for kk, t, rel in seg.waits if kk == k)
+        if k == 0 and i > 0:
+            out += tuple(base - n + t if rel else t for kk, t, rel in seg.waits if kk == n)
+        return out
+
+    def has_waits(self, loop: "Loop") -> bool:
+        """Whether any ``tl.wait`` holds a command of ``loop`` (its own, or one issued before it)."""
+        return bool(loop.waits) or loop.number in self._held
 
     def iter_of(self, cid: int) -> int:
         seg = self.segment_of(cid)
@@ -193,10 +212,13 @@ class Trace:
         for seg in self.segments:
             if isinstance(seg, Plain):
                 out += [(c, t) for c in range(seg.first_cmd, seg.end_cmd) for t in self._waits.get(c, ())]
-            elif seg.waits:
+            elif self.has_waits(seg):
+                n = len(seg.body)
                 for i in range(seg.iterations):
-                    base = seg.first_cmd + i * len(seg.body)
-                    out += [(base + k, base + t if rel else t) for k, t, rel in seg.waits]
+                    base = seg.first_cmd + i * n
+                    for k in range(n):
+                        out += [(base + k, t) for t in sorted(self._waits.get(base + k, ())
+                                                              + self._loop_waits(seg, i, k))]
         return out
 
 

@@ -537,7 +537,7 @@ class Cursor:
                 else:
                     reads.append(fp[0])
                     writes.append(fp[1])
-        if loop.waits:
+        if prog.trace.has_waits(loop):
             ctab.waits += [self._waits(real0 + x) for x in range(m * K)]
         else:
             ctab.waits += [()] * (m * K)
@@ -608,7 +608,7 @@ class Cursor:
             reads, writes = footprint(cmd)
             label = cmd.label
         self.commands.append(self.cmd_offset + real, d, len(table), reads, writes,
-                             self._waits(real) if loop.waits else (), label,
+                             self._waits(real) if prog.trace.has_waits(loop) else (), label,
                              loop.iter_label(i, k), body_cmd.logical_bytes, bc.dispatch, loop, i, k)
 
     def _lower_plain(self, cmd: Command, cid: int) -> None:

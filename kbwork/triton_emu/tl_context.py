@@ -155,19 +155,24 @@ class TLContext:
             raise TraceError(self._broken)
 
     # --- loops (DESIGN.md §13) -------------------------------------------------------------
-    def range(self, *args: int) -> Iterator[Index]:
+    def range(self, *args: int) -> "_Range":
         """``for j in tl.range(stop)`` / ``tl.range(start, stop[, step])``: a loop whose body is traced once.
 
         Yields one symbolic :class:`~kbwork.symbolic.Index` ``j``; the Python
         code of the body runs once (side effects happen once, as in JAX), and
         the program is the body instantiated for every ``j`` in the range. An
         empty range emits nothing, but its body is still traced, so its errors
-        show.
+        show. Like Python's ``range``, the object may be iterated again: each
+        ``for`` over it is a loop of its own.
 
         Raises:
             TraceError: a ``tl.range`` inside a body (flatten it), or bounds that are indices.
             ValidationError: bounds that are not ints, or a zero step.
         """
+        return _Range(self, args)
+
+    def _trace_loop(self, *args: int) -> Iterator[Index]:
+        """One ``for`` over ``tl.range(*args)``: opens the loop, yields its index once, closes it."""
         self._check_open()
         if self._loop is not None:
             raise TraceError("tl.range inside a tl.range body: loops do not nest; flatten the two into one "
@@ -228,6 +233,11 @@ class TLContext:
                     loop_period(var), var)
         self._segments.append(loop)
         self._ncmd = loop.end_cmd
+        n = len(lp.body)
+        if var.iterations:
+            # a tl.wait at the end of the body: after the last iteration it holds the loop's next command
+            last = lp.first + (var.iterations - 1) * n
+            self.waits += [(self._ncmd, last + t if rel else t) for k, t, rel in lp.waits if k == n]
         self._plain_first = self._ncmd
 
     def ring(self, n: int, shape: Sequence[int] | int, dtype: Any = "fp32", *, name: str) -> Ring:
@@ -808,6 +818,21 @@ def _check_list(seq: Any, what: str) -> None:
     if isinstance(seq, (str, bytes, Mapping)) or not isinstance(seq, Sequence):
         raise ValidationError(f"{what} must be a list, got {type(seq).__name__} {seq!r}"
                               + ("; wrap the dict in a list: [{...}]." if isinstance(seq, Mapping) else "."))
+
+
+class _Range:
+    """What ``tl.range(...)`` returns: an iterable, like Python's ``range``; each ``for`` over it traces a loop."""
+
+    __slots__ = ("tl", "args")
+
+    def __init__(self, tl: TLContext, args: tuple):
+        self.tl, self.args = tl, args
+
+    def __iter__(self) -> Iterator[Index]:
+        return self.tl._trace_loop(*self.args)
+
+    def __repr__(self) -> str:
+        return f"tl.range({', '.join(map(repr, self.args))})"
 
 
 class _OpenLoop:
