@@ -468,3 +468,11 @@ def test_run_read_of_a_handle_kept_from_a_body_reads_the_last_iteration_s_tensor
     run = sim.run(empty, X)
     with pytest.raises(ValidationError, match=r"a tl.range that ran no iteration"):
         run.read(keep["x"])
+
+
+def test_a_completion_made_from_the_index_is_a_trace_error_naming_it():
+    def body(tl, j, X, Wt, out):
+        _gemm(tl, j, X, Wt, out)
+        tl.wait(kbwork.Completion(j))
+    with pytest.raises(TraceError, match=r"tl\.wait\(Completion\(j\)\): a command id that is a tl\.range index"):
+        _body_run(body)

@@ -407,6 +407,10 @@ class TLContext:
                                   f"a command of this kernel.")
         k = completion.cmd
         lp = self._loop
+        if isinstance(k, Index):
+            raise TraceError(f"tl.wait(Completion({k.text})): a command id that is a tl.range index needs a "
+                             f"concrete value; wait on the Completion a command of this body returned (that command, in "
+                             f"each iteration), or {FIX}.")
         if completion.loop is not None and (lp is None or completion.loop is not lp.var):
             raise TraceError(f"tl.wait({completion!r}): that command belongs to a tl.range body, so it is a "
                              f"different command in every iteration; wait on it inside its body, or {FIX}.")
