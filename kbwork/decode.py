@@ -30,6 +30,7 @@ from .errors import ConfigError, ValidationError
 from .kernels.gqa_decode import DEFAULT_VARIANTS, VARIANTS, gqa_decode
 from .memory import DTYPES, Arena, canonical_dtype
 from .sim import MODES, Run, Simulator, chunks
+from .sweepfile import SweepFile
 
 DEFAULTS = dict(kv_len=4096, group=8, head_dim=128, tile=128, dtype="bf16", mode="data", seed=0)
 
@@ -929,7 +930,7 @@ def _meta_differences(recorded: dict[str, Any], meta: dict[str, Any]) -> list[st
     return diffs
 
 
-class _SweepLog:
+class _SweepLog(SweepFile):
     """A sweep's rows on disk as they finish (``point`` first), so the sweep can resume from the file.
 
     The sidecar ``<path>.meta.json`` records what decides the rows (:func:`_sweep_meta`). ``done`` maps
@@ -940,61 +941,24 @@ class _SweepLog:
 
     def __init__(self, path: str | Path, names: list[str], variants: tuple[str, ...], points: list[dict],
                  resume: bool, metrics: tuple[str, ...], meta: dict[str, Any], topology: Topology):
-        self.path = Path(atomic.check_output_path(path, suffix=".csv", what="sweep out"))
-        self.meta_path = Path(f"{self.path}.meta.json")
-        atomic.check_output_path(self.meta_path, suffix=".json", what="sweep out's record")
+        super().__init__(path, "kbwork.decode.sweep", "a kbwork sweep record")
         self.metrics = tuple(metrics)
         self.columns = ["point", *names, *self.metrics]
         self.header = ",".join(self.columns) + "\n"
         self.done: dict[int, dict[str, dict]] = {}
-        if self.path.exists() and self.path.stat().st_size:
-            if not resume:
-                raise ValidationError(f"sweep: {str(self.path)!r} exists; pass resume=True to continue that sweep, "
-                                      f"or remove the file to start afresh.")
-            recorded = self._read_meta()
-            diffs = _meta_differences(recorded, meta)
-            if diffs:
-                raise ValidationError(f"sweep: cannot resume from {str(self.path)!r}: another sweep wrote it "
-                                      f"(recorded in {self.meta_path.name}): {'; '.join(diffs)}. Resume with the "
-                                      f"same settings, or write to another file.")
+        recorded = self.open(resume, meta, _meta_differences, self.header)
+        if recorded is not None:
             torn = self._read(names, variants, points, topology)
             if recorded["variants"] != meta["variants"]:  # more variants: the record says so before any new row
-                self._write_meta(meta)
+                self.write_record(meta)
             if torn:  # drop the torn last line (and nothing else) before appending after it
                 atomic.write_text(self.path, self.header + "".join(
                     self._rows_csv(list(self.done[i].values()), i) for i in sorted(self.done)))
-        else:
-            self._write_meta(meta)
-            atomic.write_text(self.path, self.header)
 
-    def _write_meta(self, meta: dict[str, Any]) -> None:
-        import json
-
-        atomic.write_text(self.meta_path, json.dumps(meta, indent=1) + "\n")
-
-    def _refuse(self, why: str) -> ValidationError:
-        return ValidationError(f"sweep: cannot resume from {str(self.path)!r}: {why}")
-
-    def _read_meta(self) -> dict[str, Any]:
-        import json
-
-        try:
-            text = self.meta_path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise self._refuse(f"there is no {self.meta_path.name} beside it recording what decided its rows "
-                               f"(a file written by hand or by an older kbwork); it cannot be checked, so write to "
-                               f"another file or remove it to start afresh.") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise self._refuse(f"cannot read its record {self.meta_path.name} ({exc}); write to another file.") \
-                from None
-        try:
-            recorded = json.loads(text)
-        except ValueError as exc:
-            raise self._refuse(f"its record {self.meta_path.name} is not valid JSON ({exc}); write to another "
-                               f"file.") from None
-        if not isinstance(recorded, dict) or recorded.get("what") != "kbwork.decode.sweep" \
-                or not isinstance(recorded.get("variants"), list):
-            raise self._refuse(f"{self.meta_path.name} is not a kbwork sweep record; write to another file.")
+    def read_record(self) -> dict[str, Any]:
+        recorded = super().read_record()
+        if not isinstance(recorded.get("variants"), list):
+            raise self.not_a_record()
         return recorded
 
     def _read(self, names: list[str], variants: tuple[str, ...], points: list[dict], topology: Topology) -> bool:
@@ -1006,30 +970,25 @@ class _SweepLog:
         """
         import csv
 
-        raw = self.path.read_bytes()
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise self._refuse(f"it is not UTF-8 text (byte {exc.start} is {raw[exc.start]:#04x}), so not a sweep "
-                               f"file kbwork wrote; write to another file.") from None
+        text = self.read_text()
         lines = text.split("\n")
         torn = lines.pop() != ""  # text after the last newline: a write cut short
         if not lines or lines[0] + "\n" != self.header:
             got = lines[0] if lines else text
-            raise self._refuse(f"its columns {got[:200]!r} are not this sweep's {','.join(self.columns)!r}; "
-                               f"write to another file.")
+            raise self.refuse(f"its columns {got[:200]!r} are not this sweep's {','.join(self.columns)!r}; "
+                              f"write to another file.")
         first_line: dict[tuple[int, str], int] = {}
         for number, line in enumerate(lines[1:], start=2):
             (fields,) = list(csv.reader([line])) or [[]]
             if len(fields) != len(self.columns):
-                raise self._refuse(f"line {number} has {len(fields)} fields, not {len(self.columns)}: {line[:120]!r}; "
-                                   f"the file is damaged. Remove that line (its point then runs again) or write to "
-                                   f"another file.")
+                raise self.refuse(f"line {number} has {len(fields)} fields, not {len(self.columns)}: {line[:120]!r}; "
+                                  f"the file is damaged. Remove that line (its point then runs again) or write to "
+                                  f"another file.")
             row = self._check_row(dict(zip(self.columns, fields)), number, names, variants, points, topology)
             key = (row["point"], row["variant"])
             if key in first_line:
-                raise self._refuse(f"line {number} repeats point {key[0]}'s {key[1]} row of line {first_line[key]}; "
-                                   f"the file is damaged. Remove one of them or write to another file.")
+                raise self.refuse(f"line {number} repeats point {key[0]}'s {key[1]} row of line {first_line[key]}; "
+                                  f"the file is damaged. Remove one of them or write to another file.")
             first_line[key] = number
             i = row.pop("point")
             self.done.setdefault(i, {})[row["variant"]] = {**points[i], **row}
@@ -1041,8 +1000,8 @@ class _SweepLog:
                    points: list[dict], topology: Topology) -> dict[str, Any]:
         """One row's metrics, typed, with its ``point``; a ValidationError naming what is wrong otherwise."""
         def bad(column: str, want: str) -> ValidationError:
-            return self._refuse(f"line {number}: {column} is {fields[column]!r}, not {want}; the file is damaged. "
-                                f"Remove that line (its point then runs again) or write to another file.")
+            return self.refuse(f"line {number}: {column} is {fields[column]!r}, not {want}; the file is damaged. "
+                               f"Remove that line (its point then runs again) or write to another file.")
 
         def whole(column: str, least: int = 0) -> int:
             text = fields[column]

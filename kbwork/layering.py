@@ -51,7 +51,8 @@ PE_DIR = PACKAGE_DIR / "pe"
 #: * ``__main__``, the ``kbwork`` command's entry point, ranks above ``bench/``: it routes
 #:   ``kbwork bench`` to the benchmark and every other subcommand to ``cli``.
 RANKS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("foundations", ("config", "errors", "memory", "atomic", "parallel", "symbolic", "calibration", "argtypes")),
+    ("foundations", ("config", "errors", "memory", "atomic", "parallel", "symbolic", "calibration", "argtypes",
+                     "sweepfile")),
     ("pe", ("pe",)),
     ("triton_emu", ("triton_emu",)),
     ("device", ("device",)),

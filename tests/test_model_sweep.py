@@ -134,7 +134,16 @@ def test_a_resume_is_refused_under_another_host_device_or_model(tmp_path):
     mdl.sweep(out=out2, placements=("host",), handoff_us=[0, 1], workers=1, progress=False, **axes)
     mdl.sweep(out=out2, resume=True, placements=("host",), handoff_us=[0, 1], host={"handoff_us": 7},
               workers=1, progress=False, **axes)
-    (tmp_path / "h.csv.meta.json").unlink()
+    # the record's refusals are decode.sweep's (kbwork.sweepfile), naming this kind of sweep
+    record = tmp_path / "h.csv.meta.json"
+    for text, message in (("{not json", r"its record h\.csv\.meta\.json is not valid JSON"),
+                          ('{"what": "kbwork.decode.sweep"}',
+                           r"h\.csv\.meta\.json is not a kbwork model sweep record")):
+        record.write_text(text)
+        with pytest.raises(ValidationError, match=message):
+            mdl.sweep(out=out2, resume=True, placements=("host",), handoff_us=[0, 1], workers=1, progress=False,
+                      **axes)
+    record.unlink()
     with pytest.raises(ValidationError, match=r"there is no h.csv.meta.json beside it"):
         mdl.sweep(out=out2, resume=True, placements=("host",), handoff_us=[0, 1], workers=1, progress=False, **axes)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import io
 import itertools
-import json
 import math
 import numbers
 from pathlib import Path
@@ -22,6 +21,7 @@ import pandas as pd
 
 from ..config import Topology
 from ..errors import ConfigError, ValidationError
+from ..sweepfile import SweepFile
 from .device import DEVICE_KEYS, DEVICE_V1, load_device
 from .files import HOST_KEYS, load_host, load_model
 from .schedule import SCHEDULES
@@ -241,7 +241,7 @@ def _meta_differences(recorded: dict[str, Any], meta: dict[str, Any]) -> list[st
     return diffs
 
 
-class _SweepLog:
+class _SweepLog(SweepFile):
     """A sweep's rows on disk as they finish (``point`` first), so the sweep can resume from the file.
 
     The sidecar ``<path>.meta.json`` records what decides the rows (:func:`_sweep_meta`), written before
@@ -251,65 +251,29 @@ class _SweepLog:
 
     def __init__(self, path: str | Path, names: list[str], todo_cases: list[tuple[str, str, str]],
                  points: list[dict], resume: bool, meta: dict[str, Any]):
-        from .. import atomic
-
-        self.path = Path(atomic.check_output_path(path, suffix=".csv", what="sweep out"))
-        self.meta_path = Path(f"{self.path}.meta.json")
-        atomic.check_output_path(self.meta_path, suffix=".json", what="sweep out's record")
+        super().__init__(path, "kbwork.model.sweep", "a kbwork model sweep record")
         self.columns = ["point", *names, *METRICS]
         self.done: dict[int, list[dict]] = {}
-        if self.path.exists() and self.path.stat().st_size:
-            if not resume:
-                raise ValidationError(f"sweep: {str(self.path)!r} exists; pass resume=True to continue that sweep, "
-                                      f"or remove the file to start afresh.")
-            diffs = _meta_differences(self._read_meta(), meta)
-            if diffs:
-                raise self._refuse(f"another sweep wrote it (recorded in {self.meta_path.name}): {'; '.join(diffs)}. "
-                                   f"Resume with the same settings, or write to another file.")
+        if self.open(resume, meta, _meta_differences, ",".join(self.columns) + "\n") is not None:
             self._read(names, todo_cases, points)
             self.rewrite(self.done)  # without the rows of points cut short, which run again
-        else:
-            atomic.write_text(self.meta_path, json.dumps(meta, indent=1) + "\n")
-            atomic.write_text(self.path, ",".join(self.columns) + "\n")
-
-    def _refuse(self, why: str) -> ValidationError:
-        return ValidationError(f"sweep: cannot resume from {str(self.path)!r}: {why}")
-
-    def _read_meta(self) -> dict[str, Any]:
-        try:
-            recorded = json.loads(self.meta_path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise self._refuse(f"there is no {self.meta_path.name} beside it recording what decided its rows (a "
-                               f"file written by hand or by an older kbwork); it cannot be checked, so write to "
-                               f"another file or remove it to start afresh.") from None
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
-            raise self._refuse(f"cannot read its record {self.meta_path.name} ({exc}); write to another file.") \
-                from None
-        if not isinstance(recorded, dict) or recorded.get("what") != "kbwork.model.sweep":
-            raise self._refuse(f"{self.meta_path.name} is not a kbwork model sweep record; write to another file.")
-        return recorded
 
     def _read(self, names: list[str], todo_cases: list[tuple[str, str, str]], points: list[dict]) -> None:
-        raw = self.path.read_bytes()
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise self._refuse(f"it is not UTF-8 text (byte {exc.start} is {raw[exc.start]:#04x}), so not a sweep "
-                               f"file kbwork wrote; write to another file.") from None
+        text = self.read_text()
         if not text.endswith("\n"):  # a write cut short: drop the torn last line
             text = text[:text.rfind("\n") + 1]
         try:
             df = pd.read_csv(io.StringIO(text), keep_default_na=False, dtype=str)
         except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as exc:
-            raise self._refuse(f"it is not a sweep file ({exc}).") from None
+            raise self.refuse(f"it is not a sweep file ({exc}).") from None
         if list(df.columns) != self.columns:
-            raise self._refuse(f"its columns {list(df.columns)} are not this sweep's {self.columns}; write to "
-                               f"another file.")
+            raise self.refuse(f"its columns {list(df.columns)} are not this sweep's {self.columns}; write to "
+                              f"another file.")
         want_cases = [[v if p == AHBM else NO_VARIANT, p, s] for v, p, s in todo_cases]  # as the rows show them
         for number, fields in enumerate(df.to_dict(orient="records"), start=2):
             if not (fields["point"].isascii() and fields["point"].isdigit()):
-                raise self._refuse(f"line {number}: point is {fields['point']!r}, not a point index; the file is "
-                                   f"damaged. Remove that line (its point then runs again) or write to another file.")
+                raise self.refuse(f"line {number}: point is {fields['point']!r}, not a point index; the file is "
+                                  f"damaged. Remove that line (its point then runs again) or write to another file.")
         df["point"] = df["point"].astype(int)
         for point, group in df.groupby("point", sort=True):
             i = int(point)
@@ -320,16 +284,16 @@ class _SweepLog:
             rows = []
             for number, fields in zip(group.index + 2, group.to_dict(orient="records")):
                 if not all(_same(_number_or_text(fields[n]), want[n]) for n in names):
-                    raise self._refuse(f"its point {i} is { {n: fields[n] for n in names} }, this sweep's is "
-                                       f"{want}; the axes differ.")
+                    raise self.refuse(f"its point {i} is { {n: fields[n] for n in names} }, this sweep's is "
+                                      f"{want}; the axes differ.")
                 rows.append({**want, **self._metrics(fields, number, want)})
             self.done[i] = rows
 
     def _metrics(self, fields: dict[str, str], number: int, point: dict) -> dict[str, Any]:
         """One row's metrics, typed and checked (``tokens_per_s`` is the batch over ``seconds``)."""
         def bad(column: str, want: str) -> ValidationError:
-            return self._refuse(f"line {number}: {column} is {fields[column]!r}, not {want}; the file is damaged. "
-                                f"Remove that line (its point then runs again) or write to another file.")
+            return self.refuse(f"line {number}: {column} is {fields[column]!r}, not {want}; the file is damaged. "
+                               f"Remove that line (its point then runs again) or write to another file.")
 
         row: dict[str, Any] = {c: fields[c] for c in ("variant", "placement", "schedule")}
         for column, positive in (("seconds", True), ("tokens_per_s", True), ("attention_us_per_layer", False)):
