@@ -231,8 +231,7 @@ class Simulator:
                 raise
             why, signature = refused
             name = getattr(kernel, "__name__", repr(kernel))
-            given = ", ".join(["tl"] + [getattr(a, "name", repr(a)) for a in args]
-                              + [f"{k}={getattr(v, 'name', repr(v))}" for k, v in kwargs.items()])
+            given = ", ".join(["tl", *_call_args(args, kwargs)])
             raise ValidationError(f"{label + ': ' if label else ''}kernel {name!r} cannot be called as "
                                   f"{name}({given}): {why}. Its signature is {name}{signature}; a kernel is "
                                   f"def k(tl, *handles, **scalars) (DESIGN.md §2).") from None
@@ -449,9 +448,14 @@ class Launch:
         self.kernel, self.args, self.kwargs = kernel, args, kwargs
 
     def __repr__(self) -> str:
-        args = ", ".join([getattr(a, "name", repr(a)) for a in self.args]
-                         + [f"{k}={getattr(v, 'name', repr(v))}" for k, v in self.kwargs.items()])
+        args = ", ".join(_call_args(self.args, self.kwargs))
         return f"Launch({getattr(self.kernel, '__name__', self.kernel)}({args}))"
+
+
+def _call_args(args: tuple, kwargs: dict) -> list[str]:
+    """A kernel call's arguments as text, handles by name (``["q", "K", "variant='opt2'"]``)."""
+    return [getattr(a, "name", repr(a)) for a in args] + [f"{k}={getattr(v, 'name', repr(v))}"
+                                                          for k, v in kwargs.items()]
 
 
 def _check_launches(launches: Any, topo: Topology, topology_text: str) -> dict[int, list[Launch]]:
