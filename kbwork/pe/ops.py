@@ -33,7 +33,7 @@ kind                    operands -> out            numpy meaning
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -63,6 +63,13 @@ class OpInfo:
     fn: Callable[..., np.ndarray] | None = None
     doc: str = ""
     params: tuple[str, ...] = ()
+    #: ``operands`` and ``shipped`` as sets: what an op's keys are checked against (once per op validated)
+    operand_set: frozenset = field(init=False, repr=False, compare=False)
+    shipped_set: frozenset = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "operand_set", frozenset(self.operands))
+        object.__setattr__(self, "shipped_set", frozenset(self.shipped))
 
     @property
     def shipped(self) -> tuple[str, ...]:

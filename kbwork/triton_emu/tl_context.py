@@ -963,7 +963,7 @@ def _validate_ops(ops: tuple[OpSpec, ...], where: str, notes: Mapping[int, str] 
                      if o.kind in RECIPE_DESCRIPTORS else "")
             raise ValidationError(f"{w}: unknown op kind {o.kind!r}; known kinds are {', '.join(OPS)}{extra}.")
         operands = o.operands
-        if len(operands) != len(info.operands) or any(n not in operands for n in info.operands):
+        if operands.keys() != info.operand_set:
             missing = [n for n in info.operands if n not in operands]
             unknown = [n for n in operands if n not in info.operands]
             raise ValidationError(f"{w}: operands {list(operands)} do not match; {o.kind} takes "
@@ -971,7 +971,7 @@ def _validate_ops(ops: tuple[OpSpec, ...], where: str, notes: Mapping[int, str] 
                                   + (f" (missing {', '.join(missing)})" if missing else "")
                                   + (f" (unknown {', '.join(map(str, unknown))})" if unknown else "") + ".")
         extra = o.extra
-        if len(extra) != len(info.shipped) or any(n not in extra for n in info.shipped):
+        if extra.keys() != info.shipped_set:
             raise ValidationError(f"{w}: scalars {list(extra)} do not match; {o.kind} takes "
                                   f"{', '.join(info.shipped) or 'none'}.")
         for n in info.scalars:
