@@ -72,6 +72,11 @@ def test_a_sweep_shows_a_bar_unless_told_not_to(capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_every_axis_is_named_once():
+    assert len(set(mdl.SWEEP_AXES)) == len(mdl.SWEEP_AXES)
+    assert {"pes", "hbm_channels", "channel_bytes_per_cycle", "fixed_cycles", "handoff_us"} <= set(mdl.SWEEP_AXES)
+
+
 def test_device_and_topology_axes():
     df = mdl.sweep(context=2048, batch=8, pes=64, hbm_channels=64, channel_bytes_per_cycle=[20, 40],
                    fixed_cycles=[0, 40], variants=("opt2",), workers=1, progress=False)

@@ -29,7 +29,8 @@ from .steps import AHBM, COMPARE_COLUMNS, DEFAULT_VARIANTS, NO_VARIANT, _check_c
     check_contexts, compare_row, step
 from .steps import cases as _cases
 
-_TOPOLOGY_KEYS = tuple(f.name for f in dataclasses.fields(Topology) if f.name not in ("name", "source"))
+# the device keys (pes, hbm_channels, channel_bytes_per_cycle) are topology fields too: listed once, with the device
+_TOPOLOGY_KEYS = tuple(f.name for f in dataclasses.fields(Topology) if f.name not in ("name", "source", *DEVICE_KEYS))
 _HOST_AXES = HOST_KEYS[1:]
 #: What :func:`sweep` can sweep: the model, the batch (every sequence at ``context``), the context, the tile,
 #: every host key, the device keys and every topology key.
