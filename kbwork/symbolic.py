@@ -154,6 +154,11 @@ class Index:
         self._refuse(f"float({self.text})", "float()")
         raise AssertionError  # pragma: no cover
 
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        # numpy swallows a failing __index__ into its own IndexError; a failing __array__ it lets through
+        self._refuse(f"{self.text} used as a numpy value (an array index, np.asarray)", "a numpy value")
+        raise AssertionError  # pragma: no cover
+
     def __bool__(self) -> bool:
         self._refuse(f"bool({self.text}) (an `if {self.text}:` or `and`/`or`)", "a branch on the index")
         raise AssertionError  # pragma: no cover

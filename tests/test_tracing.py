@@ -91,6 +91,10 @@ def _int(tl, j, X, Wt, out):
     int(j + 1)
 
 
+def _numpy_index(tl, j, X, Wt, out):
+    np.arange(4)[j]
+
+
 def _extent(tl, j, X, Wt, out):
     X[0:j + 1]
 
@@ -132,6 +136,7 @@ MISUSES = [
     (_python_range, TraceError, r"j used as a Python int"),
     (_list_index, TraceError, r"j used as a Python int.*list"),
     (_int, TraceError, r"int\(j \+ 1\)"),
+    (_numpy_index, TraceError, r"j used as a numpy value \(an array index"),
     (_extent, TraceError, r"X\[0:j \+ 1\]: the extent j \+ 1 changes with the index"),
     (_square, TraceError, r"\(j\) \* \(j\) is not affine"),
     (_label, TraceError, r"format\(j\)"),
@@ -476,3 +481,37 @@ def test_a_completion_made_from_the_index_is_a_trace_error_naming_it():
         tl.wait(kbwork.Completion(j))
     with pytest.raises(TraceError, match=r"tl\.wait\(Completion\(j\)\): a command id that is a tl\.range index"):
         _body_run(body)
+
+
+def test_a_launch_of_more_commands_than_an_op_log_can_hold_is_refused_when_its_loop_closes():
+    sim, X, W, out = _sim()
+
+    def kernel(tl, X, W, out):
+        Wt = tl.load(W, name="Wt")
+        for j in tl.range(2 ** 62):  # len() of such a run would not even fit an index-sized int
+            tl.composite(op="gemm", a=X[0:64], b=Wt, out=out[0:64])
+    with pytest.raises(ValidationError, match=r"a tl\.range of 4,611,686,018,427,387,904 iterations with 1 "
+                                              r"command\(s\) in its body makes the launch 4,611,686,018,427,387,905 "
+                                              r"commands; a launch holds at most 67,108,864"):
+        sim.run(kernel, X, W, out)
+
+
+def test_a_steady_run_too_long_for_a_stage_table_gives_its_cycles_and_refuses_its_tables(monkeypatch):
+    from kbwork import analysis
+    from kbwork.device import expand
+    monkeypatch.setattr(expand, "MAX_TABLE_STAGES", 1000)
+    sim, X, W, out = _sim()
+
+    def kernel(tl, X, W, out):
+        Wt = tl.load(W, name="Wt")
+        for j in tl.range(500):
+            tl.composite(op="gemm", a=X[0:64], b=Wt, out=out[0:64])
+    run = sim.run(kernel, X, W, out)
+    full = sim.run(kernel, X, W, out, steady_state=False)   # every stage simulated: its tables exist
+    assert run.n_stages == full.n_stages > 1000 and run.cycles == full.cycles
+    assert (run.dispatch_cycles() == full.dispatch_cycles()).all()
+    for what in (lambda: run.op_log, run.critical_path, lambda: analysis.utilization(run)):
+        with pytest.raises(kbwork.SimulationError, match=rf"this run has {run.n_stages:,} stages, .* made for at "
+                                                         r"most 1,000\. run\.cycles, run\.steady_state"):
+            what()
+    assert len(full.op_log) == full.n_stages

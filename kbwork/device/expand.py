@@ -29,6 +29,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pandas as pd
 
+from ..errors import SimulationError
 from ..memory import LoopHandle
 from ..pe.commands import DmaCmd
 from ..pe.program import Loop
@@ -75,6 +76,12 @@ def _grow_list(a: list, ins: Sequence, lo: Callable, hi: Callable, copy: Callabl
             out += copy(block, x, m)
         a = out + a[h:]
     return a
+
+
+#: The most stages a per-stage table of a steady-state run may be made for (the op_log, the critical path,
+#: utilisation; a table of this many rows takes a few GiB). The steady state times longer runs without making
+#: their stages, and their cycles, steady state and dispatch cycles need no table.
+MAX_TABLE_STAGES = 1 << 26
 
 
 class Expansion:
@@ -145,8 +152,22 @@ class Expansion:
     def stages(self, a: Sequence, delta: str | None = None) -> np.ndarray:
         """A per-stage column in the full run's numbering; ``delta`` is what its values are: ``"seq"``,
         ``"cmd"``, ``"t"`` (they move with each period) or None (they do not)."""
+        self.check_size()
         arr = np.asarray(a)
         return _grow(arr, self.ins, lambda x: x.s1, lambda x: x.s2, _delta(delta))
+
+    def check_size(self) -> None:
+        """Refuse to make per-stage tables of a run longer than :data:`MAX_TABLE_STAGES`.
+
+        Raises:
+            SimulationError: naming the stage count and what needs no table.
+        """
+        if self.n_stages > MAX_TABLE_STAGES:
+            raise SimulationError(
+                f"this run has {self.n_stages:,} stages, which the steady state timed without making them; a "
+                f"per-stage table (the op_log, the critical path, utilisation, a trace file) is made for at most "
+                f"{MAX_TABLE_STAGES:,}. run.cycles, run.steady_state and run.dispatch_cycles() need none; for "
+                f"the rest, run fewer tl.range iterations.")
 
     def commands(self, a: Sequence, delta: str | None = None, in_copies_only: bool = False) -> np.ndarray:
         """A per-command column in the full run's numbering (``in_copies_only``: the values move in the copies,
@@ -222,6 +243,7 @@ class ExpandedTable:
     def tensor(self) -> pd.Categorical:
         """Names: the simulated ones, and in each copy the names of its own iterations."""
         ex, ctab = self._ex, self._ex.sched.ctab
+        ex.check_size()
         col = list(self._t.tensor)
 
         def copy(block: list, x, m: int) -> list:

@@ -36,6 +36,10 @@ from ..symbolic import FIX, Index, LoopVar
 from .tl_recipes import RECIPE_DESCRIPTORS, RecipeDescriptor
 
 _SCOPES = {"kernel": Scope.KERNEL, "k_tile": Scope.K_TILE, "output_tile": Scope.OUTPUT_TILE}
+#: The most commands one launch may hold once its tl.range loops are instantiated. The steady state can time
+#: far more, but the op_log and everything read from it have a row per stage: a bound that an op_log can be
+#: built under (decode's largest run, 2**18 tiles of opt3, is about 2.6 M commands).
+MAX_COMMANDS = 1 << 26
 _FP32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -231,6 +235,11 @@ class TLContext:
         self._iter = lp.outer_iter
         loop = Loop(var.number, lp.first, tuple(lp.body), var.iterations, tuple(lp.iters), tuple(lp.waits),
                     loop_period(var), var)
+        if loop.end_cmd > MAX_COMMANDS:
+            raise ValidationError(f"a tl.range of {var.iterations:,} iterations with {len(lp.body)} command(s) in "
+                                  f"its body makes the launch {loop.end_cmd:,} commands; a launch holds at most "
+                                  f"{MAX_COMMANDS:,} (the op_log has a row per stage). Use fewer iterations "
+                                  f"(larger tiles), or split the work over several launches.")
         self._segments.append(loop)
         self._ncmd = loop.end_cmd
         n = len(lp.body)
