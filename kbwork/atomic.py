@@ -21,7 +21,7 @@ from typing import IO, Any, Callable
 
 from .errors import FileError, ValidationError
 
-__all__ = ["write_text", "write_bytes", "write_with", "append_whole", "check_output_path"]
+__all__ = ["write_text", "write_bytes", "write_with", "append_whole", "check_output_path", "as_path"]
 
 
 def write_text(path: str | os.PathLike[str], text: str, *, encoding: str = "utf-8") -> Path:
@@ -61,7 +61,7 @@ def write_with(path: str | os.PathLike[str], writer: Callable[[IO[bytes]], Any])
             target is left intact. Whatever ``writer`` raises propagates the
             same way, after the same clean-up.
     """
-    target = Path(path)
+    target = as_path(path)
     try:
         st: os.stat_result | None = os.stat(target)
     except FileNotFoundError:
@@ -94,6 +94,18 @@ def write_with(path: str | os.PathLike[str], writer: Callable[[IO[bytes]], Any])
             raise _named(exc, target) from exc
         raise
     return target
+
+
+def as_path(path: Any, what: str = "path") -> Path:
+    """``path`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        ValidationError: ``path`` is not text or an ``os.PathLike`` of text (an int, bytes, None).
+    """
+    if isinstance(path, str) or (isinstance(path, os.PathLike) and isinstance(os.fspath(path), str)):
+        return Path(path)
+    raise ValidationError(f"{what}: {path!r} ({type(path).__name__}) is not a file path; give a str or a "
+                          f"pathlib.Path.")
 
 
 def append_whole(path: str | os.PathLike[str], data: bytes, what: str = "the data") -> None:
@@ -158,7 +170,7 @@ def check_output_path(path: str | os.PathLike[str], *, suffix: str | None = None
     Raises:
         ValidationError: naming ``what`` (e.g. ``"--oplog"``), the path and the fix.
     """
-    p = Path(path)
+    p = as_path(path, what)
     shown = repr(str(path)) if len(str(path)) <= 80 else repr(str(path)[:77] + "...")
     if str(path) == "" or p.name in ("", ".", ".."):
         raise ValidationError(f"{what}: {shown} is not a file name; give a file path"

@@ -151,9 +151,16 @@ def _kwargs(a: argparse.Namespace) -> dict[str, Any]:
         ValidationError: a ragged kv length, a key set twice.
         ConfigError: a bad topology file or value (naming ``--set key=value`` for a ``--set``).
     """
+    from .decode import MAX_TILES
+
     if a.kv_len % a.tile:  # decode.run says so too, in its own argument names
+        near = max(1, round(a.kv_len / a.tile))
+        if near > MAX_TILES:  # the nearest multiple would be refused in turn: suggest one that runs
+            raise ValidationError(f"--kv-len {a.kv_len} is not a multiple of tile {a.tile} (--tile), and the nearest "
+                                  f"multiple, {near} tiles, is beyond the {MAX_TILES} a run simulates; e.g. --kv-len "
+                                  f"{MAX_TILES * a.tile}, or a larger --tile.")
         raise ValidationError(f"--kv-len {a.kv_len} is not a multiple of tile {a.tile} (--tile); e.g. "
-                              f"--kv-len {max(1, round(a.kv_len / a.tile)) * a.tile}.")
+                              f"--kv-len {near * a.tile}.")
     overrides: dict[str, Any] = {}
     given: dict[str, str] = {}
     for key, (flag, attr) in _KEY_FLAGS.items():
@@ -182,7 +189,7 @@ def _before_simulating(kw: dict[str, Any], variants: tuple[str, ...]) -> None:
     """
     from . import decode
 
-    decode._check_sizes(where="kbwork", kv_len=kw["kv_len"], group=kw["group"], head_dim=kw["head_dim"],
+    decode._check_sizes(where="--kv-len, --tile", kv_len=kw["kv_len"], group=kw["group"], head_dim=kw["head_dim"],
                         tile=kw["tile"])
     if kw["mode"] != "data":
         return  # timing mode makes no inputs: the run itself refuses as fast

@@ -28,7 +28,7 @@ from .config import Topology, load_topology
 from .device.steady import check_steady_state
 from .errors import ConfigError, ValidationError
 from .kernels.gqa_decode import DEFAULT_VARIANTS, VARIANTS, gqa_decode
-from .memory import DTYPES, Arena, canonical_dtype
+from .memory import DTYPE_MAX, DTYPES, Arena, canonical_dtype
 from .sim import MODES, Run, Simulator, chunks
 from .sweepfile import SweepFile
 
@@ -67,9 +67,14 @@ def _round(x: np.ndarray, dtype: str) -> np.ndarray:
     return np.asarray(x, np.float32).astype(DTYPES[dtype]).astype(np.float32)
 
 
-def _rounded(x: np.ndarray, dtype: str) -> np.ndarray:
+def _rounded(x: np.ndarray, dtype: str, name: str = "x") -> np.ndarray:
     """``x`` rounded to ``dtype``, as float32: ``x`` itself when it already is (a float32 array holding
-    ``dtype`` values: inputs passed on from an earlier run), else a new array, made a chunk at a time."""
+    ``dtype`` values: inputs passed on from an earlier run), else a new array, made a chunk at a time.
+
+    Raises:
+        ValidationError: finite values of ``x`` that overflow ``dtype`` (NaN and inf are left for ``sim.hbm``
+            to name).
+    """
     if x.dtype == np.float32:
         if dtype == "fp32":
             return x
@@ -78,9 +83,15 @@ def _rounded(x: np.ndarray, dtype: str) -> np.ndarray:
             if all(np.array_equal(x[sl], x[sl].astype(target).astype(np.float32)) for sl in chunks(x)):
                 return x
     out = np.empty(x.shape, np.float32)
-    with np.errstate(over="ignore", invalid="ignore"):  # sim.hbm refuses what overflows
+    with np.errstate(over="ignore", invalid="ignore"):  # what overflows is refused just below
         for sl in chunks(x):
             out[sl] = np.asarray(x[sl], np.float32).astype(DTYPES[dtype])
+            if not np.isfinite(out[sl]).all() and np.isfinite(np.asarray(x[sl], np.float64)).all():
+                # here, not in sim.hbm: it sees the rounded array, whose infs look like the caller's own
+                big = max(float(np.max(np.abs(np.asarray(x[c], np.float64)))) for c in chunks(x))
+                raise ValidationError(f"decode.run: {name} holds values up to {big:.4g}, which overflow {dtype} "
+                                      f"(largest finite {DTYPE_MAX[dtype]:.4g}); they would be stored as inf. "
+                                      f"Scale the data or use a wider dtype.")
     return out
 
 
@@ -377,7 +388,7 @@ def run(variant: str, *, kv_len: int = 4096, group: int = 8, head_dim: int = 128
         if q.ndim != 2 or k.ndim != 2 or k.shape != v.shape or k.shape[1] != q.shape[1]:
             raise ValidationError(f"decode.run: q must be (G, d) and k, v (N, d); got q {q.shape}, k {k.shape}, "
                                   f"v {v.shape}.")
-        q, k, v = (_rounded(x, dtype) for x in (q, k, v))
+        q, k, v = (_rounded(x, dtype, name) for name, x in (("q", q), ("k", k), ("v", v)))
         group, head_dim = q.shape
         kv_len = k.shape[0]
     _check_sizes(kv_len=kv_len, group=group, head_dim=head_dim, tile=tile)

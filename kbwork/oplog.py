@@ -157,7 +157,13 @@ def check_schema(op_log: pd.DataFrame) -> None:
 
 
 def to_csv(op_log: pd.DataFrame, path: str | Path | None = None) -> str:
-    """Write the canonical CSV (to ``path`` if given) and return it as a string."""
+    """Write the canonical CSV (to ``path`` if given) and return it as a string.
+
+    Raises:
+        ValidationError: not an op_log, or a ``path`` that is not a file path. FileError: it cannot be written.
+    """
+    if path is not None:
+        atomic.as_path(path, "to_csv: path")
     check_schema(op_log)
     buf = io.StringIO()
     op_log.to_csv(buf, index=False, lineterminator="\n")
@@ -244,8 +250,11 @@ def to_perfetto(op_log: pd.DataFrame, path: str | Path | None = None, clock_ghz:
 
     Raises:
         ValidationError: ``op_log`` does not have the op_log schema, ``clock_ghz`` is not a positive
-            number, or a critical-path seq is not in the op_log.
+            number, a critical-path seq is not in the op_log, or ``path`` is not a file path.
+        FileError: ``path`` cannot be written.
     """
+    if path is not None:
+        atomic.as_path(path, "to_perfetto: path")
     check_schema(op_log)
     if isinstance(clock_ghz, bool) or not isinstance(clock_ghz, (int, float)) or not 0 < clock_ghz < float("inf"):
         raise ValidationError(f"to_perfetto: clock_ghz must be a positive number of GHz, got {clock_ghz!r}.")

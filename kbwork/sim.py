@@ -323,6 +323,12 @@ class Simulator:
         return raw.view(DTYPES[h.dtype]).reshape(h.shape)
 
 
+def _check_pe_number(p: Any) -> None:
+    if isinstance(p, (bool, np.bool_)) or not isinstance(p, (int, np.integer)):
+        raise ValidationError(f"run.pe({p!r}): a PE is named by its number, an int (run.pe(0)); got "
+                              f"{type(p).__name__}.")
+
+
 def _refused_call(kernel: Callable[..., Any], tl: Any, args: tuple, kwargs: dict) -> tuple[str, str] | None:
     """Why ``kernel(tl, *args, **kwargs)`` does not bind to the kernel's signature, and the signature; None when
     it binds (or the signature cannot be read)."""
@@ -558,8 +564,9 @@ class Run:
         """PE ``p``'s run: this one, for the PE it ran on.
 
         Raises:
-            ValidationError: ``p`` is not that PE.
+            ValidationError: ``p`` is not an int, or not that PE.
         """
+        _check_pe_number(p)
         if p != max(self.pe_index, 0):
             raise ValidationError(f"PE {p} ran nothing in this run; it ran PE {max(self.pe_index, 0)}.")
         return self
@@ -654,7 +661,11 @@ class Run:
         return run
 
     def to_csv(self, path: str | Path | None = None) -> str:
-        """The canonical op_log CSV (written to ``path`` if given)."""
+        """The canonical op_log CSV (written to ``path`` if given).
+
+        Raises:
+            ValidationError: ``path`` is not a file path. FileError: it cannot be written.
+        """
         return to_csv(self.op_log, path)
 
     def to_perfetto(self, path: str | Path | None = None) -> dict:
@@ -749,8 +760,9 @@ class DeviceRun(Run):
         """PE ``p``'s run (its program, timeline, op_log rows, critical path).
 
         Raises:
-            ValidationError: ``p`` ran nothing.
+            ValidationError: ``p`` is not an int, or ran nothing.
         """
+        _check_pe_number(p)
         if p not in self.runs:
             raise ValidationError(f"PE {p} ran nothing in this run; it ran PEs {sorted(self.runs)}.")
         return self.runs[p]

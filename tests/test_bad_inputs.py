@@ -267,6 +267,9 @@ DECODE_CASES = [
                  r"client='tcp://localhost' is not a Dask scheduler address", id="sweep-client-no-port"),
     pytest.param(_sweep(kv_len=[256], client=3.5), ValidationError, r"client must be a distributed\.Client or a "
                  r"scheduler address string, got 3\.5", id="sweep-client-float"),
+    pytest.param(_run(q=np.full((8, 64), 1e5), k=_KV, v=_KV, dtype="fp16"), ValidationError,
+                 r"decode\.run: q holds values up to 1e\+05, which overflow fp16 \(largest finite 6\.55e\+04\)",
+                 id="run-input-overflows-dtype"),
 ]
 
 
@@ -578,6 +581,10 @@ CLI_CASES = [
     pytest.param(CMP + ["--kv_len", "256"], r"unrecognized arguments: --kv_len 256 \(did you mean --kv-len\?\)",
                  id="kv_len-underscore"),
     pytest.param(RUN + ["--varaint", "opt3"], r"did you mean --variant\?", id="misspelt-option"),
+    pytest.param(CMP + ["--kv-len", "99999999999999999999"], r"--kv-len 99999999999999999999 is not a multiple of "
+                 r"tile 128 \(--tile\), and the nearest multiple, 781250000000000000 tiles, is beyond the 262144 a run "
+                 r"simulates; e\.g\. "
+                 r"--kv-len 33554432", id="kv-huge-and-ragged"),
     pytest.param(RUN + ["--gantt-tiles", "2"], r"--gantt-tiles 2 needs --gantt", id="run-gantt-tiles-alone"),
     pytest.param(CMP + ["--gantt-tiles", "all"], r"--gantt-tiles all needs --gantt", id="compare-gantt-tiles-alone"),
 ]
@@ -671,6 +678,8 @@ BENCH_CASES = [
                  id="out-under-file"),
     pytest.param(["--kv_lens", "256"], r"unrecognized arguments: --kv_lens 256 \(did you mean --kv-lens\?\)",
                  id="kv_lens-underscore"),
+    pytest.param(["--suite", "device", "--before", "{tmp}/afile"], r"--before .*afile: no kbwork package there",
+                 id="before-not-a-checkout"),
 ]
 
 
@@ -923,6 +932,12 @@ HOST_CASES = [
                  r"no tensor named 'y' in this run; known: x", id="read-unknown"),
     pytest.param(lambda s: s.run(lambda tl: (tl.full((1, 1), 0.0, name="x"), tl.full((1, 1), 1.0, name="x"))).read("x"),
                  r"the name 'x' is given to 2 tensors", id="read-ambiguous"),
+    pytest.param(lambda s: s.run(lambda tl: tl.full((1, 1), 0.0, name="x")).pe("0"),
+                 r"run\.pe\('0'\): a PE is named by its number, an int", id="pe-str"),
+    pytest.param(lambda s: s.run(lambda tl: tl.full((1, 1), 0.0, name="x")).to_csv(5),
+                 r"to_csv: path: 5 \(int\) is not a file path; give a str or a pathlib\.Path", id="to-csv-int-path"),
+    pytest.param(lambda s: s.run(lambda tl: tl.full((1, 1), 0.0, name="x")).to_perfetto(b"t.json"),
+                 r"to_perfetto: path: b't\.json' \(bytes\) is not a file path", id="to-perfetto-bytes-path"),
 ]
 
 
@@ -939,3 +954,37 @@ def test_the_tables_hold_at_least_eighty_distinct_mistakes():
                   kernel=KERNEL_CASES, host=HOST_CASES)
     ids = [(name, p.id) for name, t in tables.items() for p in t]
     assert len(ids) == len(set(ids)) and len(ids) >= 80
+
+
+def _timing_run():
+    return decode.run("opt2", kv_len=256, mode="timing").run
+
+
+ANALYSIS_CASES = [
+    pytest.param(lambda r: kbwork.analysis.utilization(r.op_log.assign(start=r.op_log.start.astype(str))),
+                 r"utilization: column 'start' holds (object|str) values; an op_log's start and end are whole cycles",
+                 id="utilization-text-cycles"),
+    pytest.param(lambda r: kbwork.analysis.utilization(r.op_log.assign(end=np.nan)),
+                 r"utilization: column 'end' holds float64 values", id="utilization-nan-cycles"),
+    pytest.param(lambda r: kbwork.analysis.utilization_over_time(r, bins=[0, np.inf]),
+                 r"increasing finite edges", id="utilization-over-time-inf-edge"),
+    pytest.param(lambda r: kbwork.analysis.channels_over_time(r, bins=[0, 1e30]),
+                 r"channels_over_time: bins=\[0, 1e\+30\].*up to at most 2\*\*62", id="channels-over-time-huge-edge"),
+    pytest.param(lambda r: kbwork.analysis.ratio_grid(60, [60], [40], [0.1]),
+                 r"ratio_grid: bytes_opt2=60 must be a list", id="ratio-grid-scalar"),
+]
+
+
+@pytest.mark.parametrize("action,pattern", ANALYSIS_CASES)
+def test_bad_analysis_argument(action, pattern):
+    import kbwork.analysis  # noqa: F401
+    with pytest.raises(ValidationError) as info:
+        action(_timing_run())
+    assert re.search(pattern, str(info.value)), f"{pattern!r} not in {str(info.value)!r}"
+
+
+def test_a_ratio_grid_of_no_dispatch_at_all_is_undefined_not_infinite():
+    import kbwork.analysis as an
+    grid = an.ratio_grid([], [], [40], [0.1])
+    assert np.isnan(grid.iloc[0, 0])
+    assert an.ratio_grid([], [60], [40], [0.1]).iloc[0, 0] == np.inf

@@ -20,7 +20,7 @@ from __future__ import annotations
 import decimal
 import numbers
 from fractions import Fraction
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -51,6 +51,15 @@ def _op_log_of(x: Any) -> Any:
     caller's check to name."""
     run = None if isinstance(x, pd.DataFrame) else _run_of(x)
     return x if run is None else run.op_log
+
+
+def _check_cycles(op_log: pd.DataFrame, where: str) -> None:
+    """Refuse ``start``/``end`` columns that are not whole cycles (an op_log's are int64)."""
+    for c in ("start", "end"):
+        if not pd.api.types.is_integer_dtype(op_log[c].dtype):
+            raise ValidationError(f"{where}: column {c!r} holds {op_log[c].dtype} values; an op_log's start and end "
+                                  f"are whole cycles (int64). Pass run.op_log, or convert with .astype('int64') "
+                                  f"after dropping missing rows.")
 
 
 def dispatch_per_tile(op_log: pd.DataFrame) -> pd.Series:
@@ -161,8 +170,14 @@ def ratio_grid(bytes_opt2: Sequence[int], bytes_opt3: Sequence[int], fixed_value
     FIXED values are rounded to whole cycles, as the topology requires.
 
     Raises:
-        ValidationError: a negative or non-numeric FIXED or R.
+        ValidationError: a negative or non-numeric FIXED or R, or an argument that is not a list.
     """
+    for name, v in (("bytes_opt2", bytes_opt2), ("bytes_opt3", bytes_opt3), ("fixed_values", fixed_values),
+                    ("r_values", r_values)):
+        if isinstance(v, (str, bytes, Mapping)) or not isinstance(v, Iterable):
+            raise ValidationError(f"ratio_grid: {name}={v!r} must be a list (of command bytes, or of FIXED or R "
+                                  f"values), e.g. [{v!r}].")
+    bytes_opt2, bytes_opt3, fixed_values, r_values = map(list, (bytes_opt2, bytes_opt3, fixed_values, r_values))
     for f in fixed_values:
         _check_calibration(int(round(f)) if isinstance(f, numbers.Real) and not isinstance(f, bool) else f,
                            0, cap, "ratio_grid")
@@ -173,7 +188,7 @@ def ratio_grid(bytes_opt2: Sequence[int], bytes_opt3: Sequence[int], fixed_value
         for j, r in enumerate(r_values):
             d2 = closed_form(bytes_opt2, int(round(f)), r, cap)
             d3 = closed_form(bytes_opt3, int(round(f)), r, cap)
-            grid[i, j] = d3 / d2 if d2 else np.inf
+            grid[i, j] = d3 / d2 if d2 else np.inf if d3 else np.nan  # 0/0 (no dispatch at all): undefined
     return pd.DataFrame(grid, index=pd.Index([int(round(f)) for f in fixed_values], name="fixed_cycles"),
                         columns=pd.Index(list(r_values), name="r_cycles_per_byte"))
 
@@ -202,6 +217,7 @@ def utilization(op_log: pd.DataFrame, *, per_pe: bool | None = None) -> pd.DataF
     """
     op_log = _op_log_of(op_log)
     require_columns(op_log, ("engine", "start", "end"), "utilization")
+    _check_cycles(op_log, "utilization")
     how = _per_pe.form(len(_per_pe.pes_of(op_log)), per_pe, "utilization")
     if how != _per_pe.ONE:
         return _per_pe.utilization(op_log, how)
@@ -239,6 +255,7 @@ def utilization_over_time(op_log: pd.DataFrame, bins: int | Sequence[float] = 10
     """
     op_log = _op_log_of(op_log)
     require_columns(op_log, ("engine", "start", "end"), "utilization_over_time")
+    _check_cycles(op_log, "utilization_over_time")
     how = _per_pe.form(len(_per_pe.pes_of(op_log)), per_pe, "utilization_over_time")
     if how != _per_pe.ONE:  # every PE's units run one stage at a time, not the same unit of two PEs
         return _per_pe.utilization_over_time(op_log, bins, how,
@@ -255,9 +272,9 @@ def utilization_over_time(op_log: pd.DataFrame, bins: int | Sequence[float] = 10
             edges = np.asarray(bins, dtype=np.float64)
         except (TypeError, ValueError):
             edges = np.zeros(0)
-        if edges.ndim != 1 or len(edges) < 2 or (np.diff(edges) < 0).any():
+        if edges.ndim != 1 or len(edges) < 2 or (np.diff(edges) < 0).any() or not np.isfinite(edges).all():
             raise ValidationError("utilization_over_time: bins must be a positive int or at least two "
-                                  "increasing edges (cycles).")
+                                  "increasing finite edges (cycles).")
     codes = pd.Categorical(op_log["engine"], categories=tracks).codes
     start = op_log["start"].to_numpy(np.int64)
     end = op_log["end"].to_numpy(np.int64)

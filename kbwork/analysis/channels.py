@@ -167,10 +167,11 @@ def _edges(bins: Any, cycles: int) -> np.ndarray:
         edges = np.asarray(bins, dtype=np.float64)
     except (TypeError, ValueError):
         edges = np.zeros(0)
+    # 2**62: far beyond any run, and every edge and difference of edges still fits the int64 columns
     if edges.ndim != 1 or len(edges) < 2 or (np.diff(edges) <= 0).any() or (edges != np.round(edges)).any() \
-            or edges[0] < 0:
+            or edges[0] < 0 or edges[-1] > 2.0 ** 62:
         raise ValidationError(f"channels_over_time: bins={bins!r}; pass a positive number of bins or at least two "
-                              f"strictly increasing whole-cycle edges from 0 up (e.g. range(0, run.cycles + 1, 100)).")
+                              f"strictly increasing whole-cycle edges from 0 up to at most 2**62 (e.g. range(0, run.cycles + 1, 100)).")
     return edges.astype(np.int64)
 
 

@@ -411,6 +411,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--kv-lens does not apply to --suite {args.suite}: its sizes are fixed (32k tokens per task)")
     if args.before is not None and args.suite != "device":
         p.error("--before applies to --suite device only")
+    if args.before is not None and not (args.before / "kbwork" / "__init__.py").is_file():
+        from .device import AB_COMMIT
+
+        p.error(f"--before {args.before}: no kbwork package there (no {args.before / 'kbwork' / '__init__.py'}); "
+                f"give a checkout of the code before the device work, e.g. one made with git worktree add DIR "
+                f"{AB_COMMIT}")
     if args.kv_lens is None:
         from .steady import DEFAULT_KV as STEADY_KV
 
