@@ -342,7 +342,9 @@ def variant_list(text: str, least: int = 2) -> tuple[str, ...]:
     twice."""
     from .kernels.gqa_decode import VARIANTS
 
-    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    names = tuple(x.strip() for x in text.split(","))
+    if "" in names:
+        raise argparse.ArgumentTypeError(f"{text!r} has an empty entry; list variants comma-separated, e.g. opt2,opt3")
     unknown = [x for x in names if x not in VARIANTS]
     if unknown:
         raise argparse.ArgumentTypeError(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")

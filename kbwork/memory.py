@@ -184,6 +184,10 @@ class Handle:
         rows = self.shape[0]
         start = 0 if key.start is None else key.start
         stop = rows if key.stop is None else key.stop
+        if _is_int(start) and _is_int(stop) and (start < 0 or stop < 0):  # numpy's from-the-end, written out
+            lo, hi = (max(0, rows + x) if x < 0 else x for x in (start, stop))
+            raise ValidationError(f"handle {self.name!r}: row slice [{key.start}:{key.stop}] counts from the end; "
+                                  f"handles take row numbers from 0 (of {rows} rows), e.g. [{lo}:{hi}].")
         if not (_is_int(start) and _is_int(stop) and 0 <= start < stop <= rows):
             raise ValidationError(f"handle {self.name!r}: row slice [{key.start}:{key.stop}] is empty or out of "
                                   f"range for {rows} rows.")

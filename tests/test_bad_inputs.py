@@ -267,6 +267,10 @@ DECODE_CASES = [
                  r"client='tcp://localhost' is not a Dask scheduler address", id="sweep-client-no-port"),
     pytest.param(_sweep(kv_len=[256], client=3.5), ValidationError, r"client must be a distributed\.Client or a "
                  r"scheduler address string, got 3\.5", id="sweep-client-float"),
+    pytest.param(_sweep(kv_len=[256], resume=True), ValidationError, r"sweep: resume=True continues the sweep "
+                 r"recorded in out=, but no out= is given", id="sweep-resume-without-out"),
+    pytest.param(lambda: kbwork.analysis.gate(float("nan"), 1), ValidationError, r"gate: opt3_cycles=nan is not a "
+                 r"number", id="gate-nan"),
     pytest.param(_run(q=np.full((8, 64), 1e5), k=_KV, v=_KV, dtype="fp16"), ValidationError,
                  r"decode\.run: q holds values up to 1e\+05, which overflow fp16 \(largest finite 6\.55e\+04\)",
                  id="run-input-overflows-dtype"),
@@ -581,6 +585,8 @@ CLI_CASES = [
     pytest.param(CMP + ["--kv_len", "256"], r"unrecognized arguments: --kv_len 256 \(did you mean --kv-len\?\)",
                  id="kv_len-underscore"),
     pytest.param(RUN + ["--varaint", "opt3"], r"did you mean --variant\?", id="misspelt-option"),
+    pytest.param(CMP + ["--variants", "opt2,,opt3"], r"argument --variants: 'opt2,,opt3' has an empty entry",
+                 id="variants-empty-entry"),
     pytest.param(CMP + ["--kv-len", "99999999999999999999"], r"--kv-len 99999999999999999999 is not a multiple of "
                  r"tile 128 \(--tile\), and the nearest multiple, 781250000000000000 tiles, is beyond the 262144 a run "
                  r"simulates; e\.g\. "
@@ -932,6 +938,8 @@ HOST_CASES = [
                  r"no tensor named 'y' in this run; known: x", id="read-unknown"),
     pytest.param(lambda s: s.run(lambda tl: (tl.full((1, 1), 0.0, name="x"), tl.full((1, 1), 1.0, name="x"))).read("x"),
                  r"the name 'x' is given to 2 tensors", id="read-ambiguous"),
+    pytest.param(lambda s: s.hbm("c", shape=(10, 4))[-5:], r"handle 'c': row slice \[-5:None\] counts from the "
+                 r"end; handles take row numbers from 0 \(of 10 rows\), e\.g\. \[5:10\]", id="slice-negative"),
     pytest.param(lambda s: s.run(lambda tl: tl.full((1, 1), 0.0, name="x")).pe("0"),
                  r"run\.pe\('0'\): a PE is named by its number, an int", id="pe-str"),
     pytest.param(lambda s: s.run(lambda tl: tl.full((1, 1), 0.0, name="x")).to_csv(5),

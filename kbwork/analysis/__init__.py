@@ -158,7 +158,7 @@ def gate(opt3_cycles: float, opt2_cycles: float, factor: float = GATE_FACTOR) ->
         ValidationError: an argument that is not a real number.
     """
     for name, v in (("opt3_cycles", opt3_cycles), ("opt2_cycles", opt2_cycles), ("factor", factor)):
-        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or v != v:  # v != v: NaN
             raise ValidationError(f"gate: {name}={v!r} is not a number.")
     return bool(opt3_cycles > factor * opt2_cycles)
 
