@@ -23,11 +23,17 @@ and axis labels in words (``FIXED = 0 cycles``, not ``fixed_cycles = 0``).
 
 from __future__ import annotations
 
+import inspect
+import math
+import numbers
 import textwrap
 import warnings
+from collections.abc import Hashable
 from typing import Any, Iterable, Mapping, NamedTuple
 
 import matplotlib
+import matplotlib.axes
+import matplotlib.axis
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -35,6 +41,7 @@ from matplotlib.collections import LineCollection, PolyCollection
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
+from matplotlib.rcsetup import validate_hatch
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from ..errors import ValidationError
@@ -96,22 +103,45 @@ AXIS_WORDS = {
 VALUE_WORDS = {"strict_fifo": "strict FIFO", "rw_aware": "rw-aware"}
 
 
+def _words_of(name: Any, where: str) -> tuple[Any, str | None]:
+    if not isinstance(name, Hashable):
+        raise ValidationError(f"{where}: name must be a column or index level name (e.g. 'kv_len'), got "
+                              f"{type(name).__name__} {name!r:.60}.")
+    return AXIS_WORDS.get(name, (name, None))
+
+
 def axis_label(name: str) -> str:
-    """An axis label for a sweep column: ``"fixed_cycles"`` -> ``"FIXED (cycles)"``; others as given."""
-    words, unit = AXIS_WORDS.get(name, (name, None))
+    """An axis label for a sweep column: ``"fixed_cycles"`` -> ``"FIXED (cycles)"``; others as given.
+
+    Raises:
+        ValidationError: ``name`` cannot name a column (a list, a dict, ...).
+    """
+    words, unit = _words_of(name, "axis_label")
     return f"{words} ({unit})" if unit else words
 
 
 def facet_title(name: str, value: Any) -> str:
     """A facet's title: ``("fixed_cycles", 0)`` -> ``"FIXED = 0 cycles"``, ``("hazard_policy", "rw_aware")``
-    -> ``"hazard policy = rw-aware"``."""
-    words, unit = AXIS_WORDS.get(name, (name, None))
+    -> ``"hazard policy = rw-aware"``.
+
+    Raises:
+        ValidationError: ``name`` cannot name a column (a list, a dict, ...).
+    """
+    words, unit = _words_of(name, "facet_title")
     return f"{words} = {_fmt_value(value)}" + (f" {unit}" if unit else "")
 
 
 def text_color(fill: Any) -> str:
-    """Black or white, whichever reads on ``fill`` (any matplotlib colour)."""
-    r, g, b = matplotlib.colors.to_rgb(fill)
+    """Black or white, whichever reads on ``fill`` (any matplotlib colour).
+
+    Raises:
+        ValidationError: ``fill`` is not a matplotlib colour.
+    """
+    try:
+        r, g, b = matplotlib.colors.to_rgb(fill)
+    except (TypeError, ValueError):
+        raise ValidationError(f"text_color: fill={fill!r:.60} is not a matplotlib colour; pass e.g. '#0072B2', "
+                              f"'white' or an (r, g, b) tuple.") from None
     return "white" if 0.299 * r + 0.587 * g + 0.114 * b < 0.5 else "black"
 
 _PALETTE = np.array([matplotlib.colors.to_rgba(STAGE_COLORS[k]) for k in STAGE_NAMES])
@@ -121,7 +151,14 @@ _MOVERS = ("DMA_READ", "DMA_WRITE", "FETCH")
 # --- small helpers ---------------------------------------------------------------------------------------
 def cycle_axis(axis: matplotlib.axis.Axis) -> None:
     """Integer cycle ticks on ``axis`` (``ax.xaxis``): whole numbers with thousands separators, no
-    scientific notation and no offset (never "1e6" in a corner)."""
+    scientific notation and no offset (never "1e6" in a corner).
+
+    Raises:
+        ValidationError: ``axis`` is not a matplotlib Axis (an Axes, say: pass ``ax.xaxis`` or ``ax.yaxis``).
+    """
+    if not isinstance(axis, matplotlib.axis.Axis):
+        raise ValidationError(f"cycle_axis: axis must be a matplotlib Axis (ax.xaxis or ax.yaxis), got "
+                              f"{type(axis).__name__}.")
     axis.set_major_locator(MaxNLocator(nbins="auto", steps=[1, 2, 2.5, 5, 10], integer=True))
     axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:,.0f}"))
 
@@ -138,12 +175,151 @@ def _us_axis(ax: plt.Axes, clock_ghz: float | None) -> None:
         sec.set_xlabel("µs")
 
 
+# --- argument checks: one checker per kind of argument, so every plot refuses the same mistake in the same words
+def _is_real(x: Any) -> bool:
+    # a bool is an int to Python, but clock_ghz=True or dpi=False is a slip, never a setting
+    return isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_))
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
+
+
+def _check_ax(ax: Any, where: str) -> plt.Axes | None:
+    """``ax`` itself, once it is None or an Axes."""
+    if ax is not None and not isinstance(ax, matplotlib.axes.Axes):
+        raise ValidationError(f"{where}: ax must be a matplotlib Axes (or None for a new figure), got "
+                              f"{type(ax).__name__} {ax!r:.60}.")
+    return ax
+
+
+def _check_positive(x: Any, name: str, where: str, hint: str, *, optional: bool = True) -> Any:
+    """``x`` itself, once it is a positive finite real (or None, when ``optional``)."""
+    if x is None and optional:
+        return x
+    if not _is_real(x) or not math.isfinite(x) or x <= 0:
+        raise ValidationError(f"{where}: {name} must be {'None or ' if optional else ''}a positive finite real "
+                              f"number ({hint}), got {x!r}.")
+    return x
+
+
+def _check_clock(clock_ghz: Any, where: str, *, auto: bool = False) -> Any:
+    """``clock_ghz`` itself, once it is None, a positive finite real or (where ``auto``) ``"auto"``."""
+    if auto and isinstance(clock_ghz, str) and clock_ghz == "auto":
+        return clock_ghz
+    if clock_ghz is None or (_is_real(clock_ghz) and math.isfinite(clock_ghz) and clock_ghz > 0):
+        return clock_ghz
+    also, own = (", 'auto'", "; 'auto' for the runs' own clock") if auto else ("", "")
+    raise ValidationError(f"{where}: clock_ghz must be None{also} or a positive finite real number (the clock in "
+                          f"GHz for the µs axis, e.g. 1.25; None for no µs axis{own}), got {clock_ghz!r}.")
+
+
+def _check_dpi(dpi: Any, where: str) -> Any:
+    return _check_positive(dpi, "dpi", where, "the resolution the figure will be saved at, e.g. 150; None for "
+                                              "the figure's")
+
+
+def _check_int(x: Any, name: str, where: str, hint: str, *, low: int = 1, optional: bool = False) -> Any:
+    """``x`` itself, once it is an int (not a bool) of at least ``low`` (or None, when ``optional``)."""
+    if x is None and optional:
+        return x
+    if not _is_int(x) or x < low:
+        what = "a positive int" if low == 1 else "a non-negative int" if low == 0 else f"an int >= {low}"
+        raise ValidationError(f"{where}: {name} must be {'None or ' if optional else ''}{what} ({hint}), "
+                              f"got {x!r}.")
+    return x
+
+
+def _check_flag(x: Any, name: str, where: str) -> Any:
+    if not isinstance(x, (bool, np.bool_)):
+        raise ValidationError(f"{where}: {name} must be True or False, got {x!r}.")
+    return x
+
+
+def _check_hatch(hatch: Any, where: str) -> Any:
+    """``hatch`` itself, once it is None or a mapping tensor base name (str) -> matplotlib hatch pattern (str)."""
+    how = ("hatch must be None or a mapping of tensor base name (str) -> matplotlib hatch pattern (str), e.g. "
+           "{'V': '////'}")
+    if hatch is None:
+        return hatch
+    if not isinstance(hatch, Mapping):
+        raise ValidationError(f"{where}: {how}; got {type(hatch).__name__} {hatch!r:.60}.")
+    for name, pat in hatch.items():
+        if not isinstance(name, str) or not isinstance(pat, str):
+            raise ValidationError(f"{where}: {how}; got {name!r}: {pat!r}.")
+        try:
+            validate_hatch(pat)
+        except ValueError as e:
+            raise ValidationError(f"{where}: hatch[{name!r}] = {pat!r} is not a matplotlib hatch pattern ({e}); "
+                                  f"use the characters / \\ | - + x o O . *, e.g. '////'.") from None
+    return hatch
+
+
+def _check_tiles(tiles: Any, where: str) -> list[int]:
+    """``tiles`` as a list, once it is an iterable of tile numbers (ints)."""
+    how = "tiles must be an iterable of tile numbers (ints): pass [3] or range(3)"
+    if isinstance(tiles, (str, bytes, Mapping)) or not isinstance(tiles, Iterable):
+        raise ValidationError(f"{where}: {how}, got {tiles!r:.60}.")
+    out = list(tiles)
+    bad = [t for t in out if not _is_int(t)]
+    if bad:
+        raise ValidationError(f"{where}: {how}; {bad[0]!r} is not an int.")
+    return out
+
+
+def _check_window(window: Any, where: str) -> None:
+    if window is None:
+        return
+    try:
+        lo, hi = (float(x) for x in window)
+    except (TypeError, ValueError):
+        raise ValidationError(f"{where}: window={window!r}; pass (start, end) cycles.") from None
+    if not lo < hi:
+        raise ValidationError(f"{where}: window={window!r} is empty; pass start < end.")
+
+
+def _check_options(options: Mapping[str, Any], allowed: Iterable[str], where: str, to: str) -> None:
+    unknown = [k for k in options if k not in allowed]
+    if unknown:
+        raise ValidationError(f"{where}: unknown option(s) {', '.join(map(repr, unknown))}; {where} passes "
+                              f"only {', '.join(allowed)} on to {to}.")
+
+
+def _looks_like_op_log(x: Any) -> bool:
+    return isinstance(x, pd.DataFrame) and {"stage", "engine", "start", "end"} <= set(x.columns)
+
+
+def _check_table(x: Any, name: str, where: str, source: str, shape: str, fix: str, *,
+                 labels: bool = False) -> pd.DataFrame:
+    """``x`` itself, once it is a non-empty DataFrame of numbers (with ``labels``, its rows and columns labelled
+    with numbers too) as ``source`` returns. An op_log, the usual slip, is named as one, with ``fix``."""
+    want = f"{where}: {name} must be {source} output ({shape})"
+    if _looks_like_op_log(x):
+        raise ValidationError(f"{want}, not an op_log; {fix}.")
+    if not isinstance(x, pd.DataFrame) or x.empty or x.shape[1] == 0:
+        what = type(x).__name__ if not isinstance(x, pd.DataFrame) else "an empty DataFrame"
+        raise ValidationError(f"{want} (a non-empty DataFrame), got {what}.")
+    bad = [c for c, dtype in x.dtypes.items() if not pd.api.types.is_numeric_dtype(dtype)]
+    if bad:
+        raise ValidationError(f"{want}: its column(s) {', '.join(map(repr, bad[:5]))} do not hold numbers.")
+    for what, idx in [("rows", x.index)] + ([("columns", x.columns)] if labels else []):
+        if not pd.api.types.is_numeric_dtype(idx):
+            raise ValidationError(f"{want}: its {what} must be labelled with numbers, not {list(idx[:3])!r}.")
+    return x
+
+
 def describe(params: Mapping[str, Any]) -> str:
     """A one-line description of a decode run's parameters for a title: sizes, then the calibration.
 
     ``params`` is ``DecodeRun.params`` (or ``Comparison.params``), e.g.
     ``"kv_len 4096, tile 128, G 8, d 128, bf16 · ahbm-pe-v1: FIXED 40, R 0.0625, strict_fifo"``.
+
+    Raises:
+        ValidationError: ``params`` is not a mapping.
     """
+    if not isinstance(params, Mapping):
+        raise ValidationError(f"describe: params must be a mapping of decode parameters (DecodeRun.params), got "
+                              f"{type(params).__name__}.")
     sizes = ", ".join(f"{k} {params[key]}" for k, key in (("kv_len", "kv_len"), ("tile", "tile"), ("G", "group"),
                                                           ("d", "head_dim")) if key in params)
     if "dtype" in params:
@@ -194,7 +370,12 @@ def _named_runs(runs: Any, second: Any, where: str) -> dict[str, Any]:
 
 def commands_per_tile(op_log: pd.DataFrame) -> int:
     """Commands labelled with one tile's ``iter`` (tile 1, or tile 0 when there is one tile): a decode
-    variant's commands per tile, read off its op_log."""
+    variant's commands per tile, read off its op_log.
+
+    Raises:
+        ValidationError: ``op_log`` is not an op_log.
+    """
+    require_columns(op_log, ("stage", "iter"), "commands_per_tile")
     d = op_log[(op_log["stage"] == "DISPATCH") & (op_log["iter"] >= 0)]
     if d.empty:
         return 0
@@ -208,10 +389,11 @@ def tile_window(op_log: pd.DataFrame, tiles: Iterable[int]) -> tuple[int, int]:
     fills before the loop) too.
 
     Raises:
-        ValidationError: none of the tiles appear in the op_log.
+        ValidationError: ``op_log`` is not an op_log, ``tiles`` is not an iterable of ints, or none of the
+            tiles appear in the op_log.
     """
     check_schema(op_log)
-    tiles = list(tiles)
+    tiles = _check_tiles(tiles, "tile_window")
     sel = op_log[op_log["iter"].isin(tiles)]
     if sel.empty:
         raise ValidationError(f"no stages with iter in {tiles}; the op_log has iters "
@@ -263,11 +445,33 @@ def _hold_rows(op_log: pd.DataFrame, holds: pd.DataFrame, tracks: tuple[str, ...
     return np.array([row_of.get(unit.get(int(c), ""), sched) for c in holds["cmd"]], dtype=np.float64)
 
 
-def _check_frame(x: Any, what: str, columns: tuple[str, ...]) -> pd.DataFrame:
+def _check_frame(x: Any, what: str, columns: tuple[str, ...], where: str = "gantt") -> pd.DataFrame:
     if not isinstance(x, pd.DataFrame) or not set(columns) <= set(x.columns):
-        raise ValidationError(f"gantt: {what} must be a DataFrame with columns {', '.join(columns)} "
+        raise ValidationError(f"{where}: {what} must be a DataFrame with columns {', '.join(columns)} "
                               f"(Run.{what.replace(' ', '_')}()), got {type(x).__name__}.")
     return x
+
+
+#: The columns of a frame given as ``holds=`` / ``critical_path=`` (Run.holds(), Run.critical_path()).
+_HOLDS_COLUMNS = ("cmd", "plan_end", "release")
+_PATH_COLUMNS = ("engine", "start", "end", "cause")
+
+
+def _check_gantt_options(op_log: pd.DataFrame, where: str, *, highlight: Any = None, legend: Any = True,
+                         hatch: Any = None, holds: Any = None, critical_path: Any = None) -> None:
+    """The checks of :func:`gantt`'s drawing options, for gantt and for whatever passes them on to it: made
+    before anything is drawn, and whether or not the density check will leave holds and the path out."""
+    if highlight is not None:
+        bad = [c for c in highlight if c not in op_log.columns] if isinstance(highlight, Mapping) else [highlight]
+        if bad:
+            raise ValidationError(f"{where}: highlight={highlight!r} names no op_log column; use e.g. "
+                                  f"{{'cmd': 12}} or {{'iter': 3}}.")
+    _check_flag(legend, "legend", where)
+    _check_hatch(hatch, where)
+    if holds is not None:
+        _check_frame(holds, "holds", _HOLDS_COLUMNS, where)
+    if critical_path is not None:
+        _check_frame(critical_path, "critical path", _PATH_COLUMNS, where)
 
 
 def _draw_gantt(op_log: pd.DataFrame, ax: plt.Axes, window: tuple[int, int] | None, highlight: dict | None,
@@ -342,7 +546,7 @@ HOLD_OFFSET = 0.3
 
 def _draw_holds(ax: plt.Axes, op_log: pd.DataFrame, holds: pd.DataFrame, tracks: tuple[str, ...],
                 window: tuple[int, int] | None) -> int:
-    holds = _check_frame(holds, "holds", ("cmd", "plan_end", "release"))
+    holds = _check_frame(holds, "holds", _HOLDS_COLUMNS)
     if window is not None:
         lo, hi = window
         holds = holds[(holds["release"] >= lo) & (holds["plan_end"] <= hi)]
@@ -362,7 +566,7 @@ def _draw_holds(ax: plt.Axes, op_log: pd.DataFrame, holds: pd.DataFrame, tracks:
 
 def _draw_critical_path(ax: plt.Axes, path: pd.DataFrame, tracks: tuple[str, ...],
                         window: tuple[int, int] | None) -> tuple[int, tuple[str, ...]]:
-    path = _check_frame(path, "critical path", ("engine", "start", "end", "cause"))
+    path = _check_frame(path, "critical path", _PATH_COLUMNS)
     row = pd.Categorical(path["engine"], categories=tracks).codes.astype(np.float64)
     start = path["start"].to_numpy(np.float64)
     end = path["end"].to_numpy(np.float64)
@@ -461,22 +665,18 @@ def gantt(op_log: pd.DataFrame, ax: plt.Axes | None = None, window: tuple[int, i
         black).
 
     Raises:
-        ValidationError: ``op_log`` is not an op_log, a bad ``window`` or ``highlight``, or
-            ``holds`` or ``critical_path`` is not such a DataFrame.
+        ValidationError: ``op_log`` is not an op_log, a bad ``window`` or ``highlight``,
+            ``holds`` or ``critical_path`` is not such a DataFrame, ``ax`` is not an Axes,
+            ``clock_ghz`` or ``dpi`` is not None or a positive finite real, ``hatch`` is not
+            None or a mapping str -> matplotlib hatch pattern, or ``legend`` is not a bool.
     """
     require_columns(op_log, ("stage", "engine", "tensor", "start", "end"), "gantt")
-    if window is not None:
-        try:
-            lo, hi = (float(x) for x in window)
-        except (TypeError, ValueError):
-            raise ValidationError(f"gantt: window={window!r}; pass (start, end) cycles.") from None
-        if not lo < hi:
-            raise ValidationError(f"gantt: window={window!r} is empty; pass start < end.")
-    if highlight is not None:
-        bad = [c for c in highlight if c not in op_log.columns] if isinstance(highlight, Mapping) else [highlight]
-        if bad:
-            raise ValidationError(f"gantt: highlight={highlight!r} names no op_log column; use e.g. "
-                                  f"{{'cmd': 12}} or {{'iter': 3}}.")
+    _check_ax(ax, "gantt")
+    _check_window(window, "gantt")
+    _check_gantt_options(op_log, "gantt", highlight=highlight, legend=legend, hatch=hatch, holds=holds,
+                         critical_path=critical_path)
+    _check_clock(clock_ghz, "gantt")
+    _check_dpi(dpi, "gantt")
     if ax is None:
         ax = _new_axes((12, 3.4))
     width = _axes_width_px(ax, dpi)
@@ -502,7 +702,15 @@ def gantt(op_log: pd.DataFrame, ax: plt.Axes | None = None, window: tuple[int, i
 # --- long runs: utilisation over time --------------------------------------------------------------------
 def too_dense(op_log: pd.DataFrame, window: tuple[int, int] | None, width_px: float) -> bool:
     """Whether some engine unit has more stages in ``window`` than ``width_px`` pixels can show (a Gantt
-    would be a smear; :func:`utilization_over_time` says more)."""
+    would be a smear; :func:`utilization_over_time` says more).
+
+    Raises:
+        ValidationError: ``op_log`` is not an op_log, a bad ``window``, or ``width_px`` is not a positive
+            finite real.
+    """
+    require_columns(op_log, ("engine", "start", "end"), "too_dense")
+    _check_window(window, "too_dense")
+    _check_positive(width_px, "width_px", "too_dense", "the Axes' width in pixels", optional=False)
     return _densest(op_log, window)[1] > width_px
 
 
@@ -539,14 +747,28 @@ def utilization_over_time(util: pd.DataFrame, ax: plt.Axes | None = None, *, end
         (idle, white) to 1 (busy the whole bin).
 
     Raises:
-        ValidationError: ``util`` has no bins or no units.
+        ValidationError: ``util`` is not such a table (no bins, no units, columns that are not numbers, an
+            op_log), ``end`` is not None or a positive finite real after the last bin's start, ``ax`` is not
+            an Axes, ``clock_ghz`` is not None or a positive finite real, or ``colorbar`` is not a bool.
     """
-    if not isinstance(util, pd.DataFrame) or util.empty or util.shape[1] == 0:
-        raise ValidationError("utilization_over_time: pass analysis.utilization_over_time(op_log, bins=...) "
-                              "output (one row per bin, one column per engine unit).")
+    where = "utilization_over_time"
+    _check_table(util, "util", where, "analysis.utilization_over_time(op_log, bins=...)",
+                 "one row per bin, one column per engine unit, busy fractions",
+                 "pass analysis.utilization_over_time(op_log) instead, or draw the op_log itself with "
+                 "plots.gantt_or_utilization(op_log)")
+    starts = util.index.to_numpy(np.float64)
+    if (np.diff(starts) < 0).any():
+        raise ValidationError(f"{where}: util's rows must be bins in order of their first cycle, as "
+                              f"analysis.utilization_over_time returns them (sort with util.sort_index()).")
+    _check_positive(end, "end", where, "the last bin's end in cycles; None for one bin width after its start")
+    if end is not None and not end > starts[-1]:
+        raise ValidationError(f"{where}: end={end!r} must come after the last bin's start ({starts[-1]:,g} "
+                              f"cycles); pass the last bin's end in cycles, or None.")
+    _check_ax(ax, where)
+    _check_clock(clock_ghz, where)
+    _check_flag(colorbar, "colorbar", where)
     if ax is None:
         ax = _new_axes((12, 3.4))
-    starts = util.index.to_numpy(np.float64)
     if end is None:
         end = starts[-1] + (starts[-1] - starts[-2] if len(starts) > 1 else 1.0)
     edges = np.append(starts, float(end))
@@ -575,7 +797,7 @@ def _bin_edges(op_log: pd.DataFrame, lo: float, hi: float, max_bins: int) -> tup
     """Bin edges over ``[lo, hi]`` and how to describe them. When the op_log labels loop iterations, the
     edges are where every k-th iteration's first DISPATCH starts, so each bin holds whole iterations and a
     periodic schedule shows as flat instead of as a beat between bin and period; otherwise equal bins."""
-    d = op_log[(op_log["stage"] == "DISPATCH") & (op_log["iter"] >= 0)]
+    d = op_log[(op_log["stage"] == "DISPATCH") & (op_log["iter"] >= 0)] if "iter" in op_log.columns else op_log[:0]
     if not d.empty:
         first = d.groupby("iter")["start"].min().sort_values().to_numpy(np.float64)
         inside = first[(first > lo) & (first < hi)]
@@ -602,9 +824,24 @@ def gantt_or_utilization(op_log: pd.DataFrame, ax: plt.Axes | None = None,
 
     Returns:
         The Axes; ``ax.get_gid()`` is ``"gantt"`` or ``"utilization"`` (which one was drawn).
+
+    Raises:
+        ValidationError: ``op_log`` is not an op_log, ``ax`` is not an Axes, a bad ``window``, ``dpi`` or
+            ``clock_ghz`` is not None or a positive finite real, ``max_bins`` is not None or a positive int,
+            or a ``gantt_options`` entry that :func:`gantt` does not take or refuses.
     """
     from ..analysis import utilization_over_time as util_over_time
 
+    where = "gantt_or_utilization"
+    require_columns(op_log, ("stage", "engine", "tensor", "start", "end"), where)
+    _check_ax(ax, where)
+    _check_window(window, where)
+    _check_dpi(dpi, where)
+    _check_int(max_bins, "max_bins", where, "the most bins of the utilisation plot; None for one per 4 pixels",
+               optional=True)
+    _check_clock(clock_ghz, where)
+    _check_options(gantt_options, _GANTT_OPTIONS, where, "plots.gantt")
+    _check_gantt_options(op_log, where, **gantt_options)
     if ax is None:
         ax = _new_axes((12, 3.4))
     width = _axes_width_px(ax, dpi)
@@ -619,6 +856,11 @@ def gantt_or_utilization(op_log: pd.DataFrame, ax: plt.Axes | None = None,
     ax.set_xlabel(f"cycles ({how})")
     ax.set_gid("utilization")
     return ax
+
+
+#: What :func:`gantt_or_utilization` passes on to :func:`gantt`: every option it does not set itself.
+_GANTT_OPTIONS = tuple(p for p in inspect.signature(gantt).parameters
+                       if p not in ("op_log", "ax", "window", "clock_ghz", "title", "dpi"))
 
 
 # --- several variants side by side ------------------------------------------------------------------------
@@ -650,9 +892,19 @@ def compare_gantt(runs: Any, op_log_opt3: pd.DataFrame | None = None, tiles: int
 
     Raises:
         ValidationError: no variants, a variant without the tiles asked for,
-            or ``holds``/``critical_path`` with bare op_logs.
+            ``holds``/``critical_path`` with bare op_logs or not a bool, ``tiles``
+            not a positive int, ``clock_ghz`` not ``"auto"``, None or a positive
+            finite real, ``dpi`` not None or a positive finite real, or ``hatch``
+            not None or a mapping str -> matplotlib hatch pattern.
     """
-    named = _named_runs(runs, op_log_opt3, "compare_gantt")
+    where = "compare_gantt"
+    named = _named_runs(runs, op_log_opt3, where)
+    _check_int(tiles, "tiles", where, "how many tiles to show from the first, e.g. 3")
+    _check_clock(clock_ghz, where, auto=True)
+    _check_flag(holds, "holds", where)
+    _check_flag(critical_path, "critical_path", where)
+    _check_hatch(hatch, where)
+    _check_dpi(dpi, where)
     parts = {name: _run_parts(x) for name, x in named.items()}
     if (holds or critical_path) and any(r is None for _, r, _ in parts.values()):
         bare = [n for n, (_, r, _) in parts.items() if r is None]
@@ -727,10 +979,16 @@ def dispatch_per_tile(runs: Any, op_log_opt3: pd.DataFrame | None = None, tile: 
         no label), white on a dark fill, black on a light one.
 
     Raises:
-        ValidationError: no variants, or a variant without DISPATCH stages for ``tile``.
+        ValidationError: no variants, a variant that is not an op_log or run, a variant without DISPATCH
+            stages for ``tile``, ``tile`` not a non-negative int, or ``ax`` not an Axes.
     """
-    named = _named_runs(runs, op_log_opt3, "dispatch_per_tile")
+    where = "dispatch_per_tile"
+    named = _named_runs(runs, op_log_opt3, where)
     logs = {name: _run_parts(x)[0] for name, x in named.items()}
+    for name, df in logs.items():
+        require_columns(df, ("stage", "iter", "cmd", "label", "start", "end"), f"{where}: {name}")
+    _check_int(tile, "tile", where, "the tile whose commands to draw, e.g. 1", low=0)
+    _check_ax(ax, where)
     if ax is None:
         ax = _new_axes((9.5, 0.9 + 0.9 * len(logs)))
     labels_seen: dict[str, str] = {}
@@ -836,11 +1094,13 @@ def attribution(table: Any, ax: plt.Axes | None = None, *, by: str = "cause", ti
         share when the label fits.
 
     Raises:
-        ValidationError: a bad ``table`` or ``by``.
+        ValidationError: a bad ``table`` or ``by``, ``ax`` not an Axes, or ``legend`` not a bool.
     """
-    if by not in ("cause", "engine"):
+    if not isinstance(by, str) or by not in ("cause", "engine"):
         raise ValidationError(f"attribution: by={by!r}; use 'cause' or 'engine'.")
     df = _attribution_frame(table)
+    _check_ax(ax, "attribution")
+    _check_flag(legend, "legend", "attribution")
     df = df[df["by"] == by]
     variants = list(dict.fromkeys(df["variant"]))
     if ax is None:
@@ -890,6 +1150,9 @@ def attribution_figure(table: Any, title: str | None = None) -> plt.Figure:
 
     Returns:
         The Figure (two Axes).
+
+    Raises:
+        ValidationError: a bad ``table`` (as :func:`attribution`).
     """
     df = _attribution_frame(table)
     n = df["variant"].nunique()
@@ -919,12 +1182,13 @@ def what_if(table: pd.DataFrame, ax: plt.Axes | None = None, *, title: str | Non
         engine's (:data:`ENGINE_COLORS`).
 
     Raises:
-        ValidationError: ``table`` lacks the columns of ``analysis.what_if``.
+        ValidationError: ``table`` lacks the columns of ``analysis.what_if``, or ``ax`` is not an Axes.
     """
     need = {"engine", "speedup", "baseline_cycles", "cycles"}
     if not isinstance(table, pd.DataFrame) or not need <= set(table.columns):
         raise ValidationError(f"plots.what_if: pass analysis.what_if(...) output (columns {', '.join(sorted(need))},"
                               f" plus 'variant' for several).")
+    _check_ax(ax, "what_if")
     df = table if "variant" in table.columns else table.assign(variant="")
     variants = list(dict.fromkeys(df["variant"]))
     engines = list(dict.fromkeys(df["engine"]))
@@ -962,6 +1226,20 @@ def what_if(table: pd.DataFrame, ax: plt.Axes | None = None, *, title: str | Non
 
 
 # --- sweeps ----------------------------------------------------------------------------------------------
+def _check_column_name(name: Any, arg: str, where: str) -> None:
+    if not isinstance(name, str):
+        raise ValidationError(f"{where}: {arg} must be the name of a sweep column (a str, e.g. 'kv_len'), got "
+                              f"{type(name).__name__} {name!r:.60}.")
+
+
+def _check_baseline(sweep_df: pd.DataFrame, baseline: Any, where: str) -> None:
+    """The baseline variant must be one the sweep ran: scaling's and cycles_bars' ratios divide by it."""
+    variants = sorted(set(sweep_df["variant"]))
+    if not isinstance(baseline, str) or baseline not in variants:
+        raise ValidationError(f"{where}: baseline {baseline!r} is not in the sweep (variants: "
+                              f"{', '.join(map(str, variants))}).")
+
+
 def scaling(sweep_df: pd.DataFrame, ax: plt.Axes | None = None, x: str = "kv_len", *, baseline: str = "opt2",
             kind: str = "ratio", title: str | None = None) -> plt.Axes:
     """End-to-end cycles of every variant against ``x``.
@@ -980,14 +1258,19 @@ def scaling(sweep_df: pd.DataFrame, ax: plt.Axes | None = None, x: str = "kv_len
         The Axes (x on a log2 scale).
 
     Raises:
-        ValidationError: a bad ``kind``, or ``baseline`` not in the sweep.
+        ValidationError: a bad ``kind``, ``x`` not a column name, ``baseline`` not in the sweep, or ``ax``
+            not an Axes.
     """
-    if kind not in ("ratio", "cycles"):
+    if not isinstance(kind, str) or kind not in ("ratio", "cycles"):
         raise ValidationError(f"scaling: kind={kind!r}; use 'ratio' or 'cycles'.")
+    _check_column_name(x, "x", "scaling")
     need = {"variant", "cycles", "dispatch_total", x}
     if not isinstance(sweep_df, pd.DataFrame) or not need <= set(sweep_df.columns) or sweep_df.empty:
         raise ValidationError(f"scaling: expected a non-empty decode.sweep() DataFrame with columns "
                               f"{', '.join(sorted(need))}.")
+    _check_ax(ax, "scaling")
+    if kind == "ratio":
+        _check_baseline(sweep_df, baseline, "scaling")
     if ax is None:
         ax = _new_axes((7, 4))
     colors = _variant_colors(sorted(set(sweep_df["variant"])))
@@ -1006,9 +1289,6 @@ def scaling(sweep_df: pd.DataFrame, ax: plt.Axes | None = None, x: str = "kv_len
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
         return ax
-    if baseline not in set(sweep_df["variant"]):
-        raise ValidationError(f"scaling: baseline {baseline!r} is not in the sweep (variants: "
-                              f"{', '.join(sorted(set(sweep_df['variant'])))}).")
     wide = sweep_df.pivot_table(index=x, columns="variant", values="cycles", aggfunc="first").sort_index()
     ratios = []
     for variant in [v for v in wide.columns if v != baseline]:
@@ -1034,15 +1314,40 @@ def ratio_norm(values: Any, center: float = 1.0) -> TwoSlopeNorm:
     """A colour norm centred on ``center``, as far below it as above: ``center`` ± the largest distance of
     ``values`` from it. The colour bar then has ``center`` in its middle and both sides visible, and a colour
     reads the same distance from ``center`` on either side (a table of ratios all above 1 uses the upper
-    half of the colours, which says so)."""
-    v = np.asarray(values, np.float64)
+    half of the colours, which says so).
+
+    Raises:
+        ValidationError: ``values`` are not numbers, or ``center`` is not a finite real.
+    """
+    _check_center(center, "ratio_norm")
+    try:
+        v = np.asarray(values, np.float64)
+    except (TypeError, ValueError):
+        raise ValidationError(f"ratio_norm: values must be numbers (an array or Series of ratios), got "
+                              f"{type(values).__name__}.") from None
     v = v[np.isfinite(v)]
     span = max(float(np.abs(v - center).max()) if v.size else 0.0, 1e-9)
     return TwoSlopeNorm(vcenter=center, vmin=center - span, vmax=center + span)
 
 
-def _level_list(x: str | Iterable[str] | None) -> list[str]:
-    return [] if x is None else [x] if isinstance(x, str) else list(x)
+def _check_center(center: Any, where: str) -> None:
+    if not _is_real(center) or not math.isfinite(center):
+        raise ValidationError(f"{where}: center must be a finite real number (the value the colours centre on, "
+                              f"e.g. 1.0 for ratios), got {center!r}.")
+
+
+def _level_list(x: str | Iterable[str] | None, name: str, where: str) -> list[str]:
+    """An index level, or several, as a list (none for None)."""
+    if x is None:
+        return []
+    if isinstance(x, str):
+        return [x]
+    if isinstance(x, Iterable) and not isinstance(x, Mapping):
+        levels = list(x)
+        if all(isinstance(v, Hashable) for v in levels):
+            return levels
+    raise ValidationError(f"{where}: {name} must be an index level name or a list of them (e.g. 'kv_len' or "
+                          f"['kv_len', 'tile']), got {x!r:.60}.")
 
 
 def _fmt_value(v: Any) -> str:
@@ -1080,9 +1385,14 @@ class _Facets(NamedTuple):
         return "\n".join(x for x in (line(self.row_levels, r), line(self.col_levels, c)) if x)
 
 
-def _facets(index: pd.Index, *, row: str, col: str, facet_row: Any, facet_col: Any, where: str) -> _Facets:
+def _facets(index: pd.Index, *, row: str, col: str, facet_row: Any, facet_col: Any, where: str,
+            facet_col_arg: str = "facet_col") -> _Facets:
     """Check that ``index`` has exactly the levels row, col and the facets; list the panels in index order."""
-    fr, fc = _level_list(facet_row), _level_list(facet_col)
+    fr = _level_list(facet_row, "facet_row", where)
+    fc = _level_list(facet_col, facet_col_arg, where)
+    for name, level in (("row", row), ("col", col)):
+        if not isinstance(level, Hashable):
+            raise ValidationError(f"{where}: {name} must be an index level name (e.g. 'kv_len'), got {level!r:.60}.")
     levels = list(index.names)
     want = [row, col, *fr, *fc]
     if len(set(want)) != len(want) or set(want) != set(levels):
@@ -1116,15 +1426,36 @@ def ratio_heatmaps(ratios: pd.Series, *, facet: str | Iterable[str], row: str, c
         ``center`` in its middle, both sides of it shown (:func:`ratio_norm`).
 
     Raises:
-        ValidationError: the levels are not those of the index.
+        ValidationError: ``ratios`` is not a Series of numbers, the levels are not those of the index,
+            ``center`` is not a finite real, ``cmap`` is not a matplotlib colormap, or ``fmt`` is not a
+            format string for one number.
     """
-    panels = _facets(ratios.index, row=row, col=col, facet_row=facet_row, facet_col=facet,
-                     where="ratio_heatmaps")
+    where = "ratio_heatmaps"
+    got = (type(ratios).__name__ if not isinstance(ratios, pd.Series) else "an empty Series" if ratios.empty
+           else None if pd.api.types.is_numeric_dtype(ratios.dtype) else f"a Series of {ratios.dtype}")
+    if got is not None:
+        raise ValidationError(f"{where}: ratios must be a non-empty pandas Series of numbers whose index holds the "
+                              f"levels row, col and the facets (e.g. wide['opt3/opt2'] of a pivoted sweep), got "
+                              f"{got}.")
+    panels = _facets(ratios.index, row=row, col=col, facet_row=facet_row, facet_col=facet, where=where,
+                     facet_col_arg="facet")
+    _check_center(center, where)
+    try:
+        cm = plt.get_cmap(cmap)
+    except (TypeError, ValueError):
+        raise ValidationError(f"{where}: cmap={cmap!r:.60} is not a matplotlib colormap; pass a name such as "
+                              f"'RdBu' or a Colormap.") from None
+    try:  # a format that a number cannot fill fails on the first cell; refuse it before drawing
+        formats = isinstance(fmt, str) and isinstance(fmt.format(1.0), str)
+    except (TypeError, ValueError, IndexError, KeyError, AttributeError):
+        formats = False
+    if not formats:
+        raise ValidationError(f"{where}: fmt={fmt!r:.60} must be a format string for one number, e.g. "
+                              f"'{{:.2f}}'.")
     norm = ratio_norm(ratios.to_numpy(), center)
     nr, nc = len(panels.rows), len(panels.cols)
     fig, axes = plt.subplots(nr, nc, figsize=(4.3 * nc + 1.2, 3.2 * nr + 0.4), sharey=True, layout="constrained",
                              squeeze=False)
-    cm = plt.get_cmap(cmap)
     im = None
     for i, r in enumerate(panels.rows):
         for j, c in enumerate(panels.cols):
@@ -1269,16 +1600,29 @@ def cycles_bars(sweep_df: pd.DataFrame, group: str = "hazard_policy", ax: plt.Ax
         The Axes; every bar is labelled with its cycles.
 
     Raises:
-        ValidationError: ``group`` is not a column, or ``order`` misses a group.
+        ValidationError: ``sweep_df`` is not a non-empty sweep, ``group`` is not a column, ``order`` is not
+            an iterable of exactly the groups, ``baseline`` is not in the sweep, or ``ax`` is not an Axes.
     """
     from ..config import HAZARD_POLICIES
 
+    where = "cycles_bars"
+    if not isinstance(sweep_df, pd.DataFrame) or sweep_df.empty or not {"variant", "cycles"} <= set(sweep_df.columns):
+        raise ValidationError(f"{where}: expected a non-empty decode.sweep() DataFrame with columns cycles, variant "
+                              f"and the group's, got {type(sweep_df).__name__}.")
+    _check_column_name(group, "group", where)
     if group not in sweep_df.columns:
         raise ValidationError(f"cycles_bars: no column {group!r} in the sweep.")
+    _check_baseline(sweep_df, baseline, where)
+    _check_ax(ax, where)
     present = list(dict.fromkeys(sweep_df[group]))
     if order is None:
         order = [p for p in HAZARD_POLICIES if p in present] if group == "hazard_policy" else sorted(present)
+    if isinstance(order, (str, bytes)) or not isinstance(order, Iterable):
+        raise ValidationError(f"{where}: order must be a list of the groups ({present}) in the order to draw "
+                              f"them, or None, got {order!r:.60}.")
     order = list(order)
+    if not all(isinstance(g, Hashable) for g in order):
+        raise ValidationError(f"cycles_bars: order {order} must list exactly the groups {present}.")
     if set(order) != set(present):
         raise ValidationError(f"cycles_bars: order {order} must list exactly the groups {present}.")
     wide = sweep_df.pivot_table(index=group, columns="variant", values="cycles", aggfunc="first").reindex(order)
@@ -1323,11 +1667,19 @@ def gate_map(grid: pd.DataFrame, ax: plt.Axes | None = None, threshold: float = 
         The Axes (of a new constrained-layout figure when ``ax`` is None).
 
     Raises:
-        ValidationError: ``grid`` is not a non-empty DataFrame, or ``mark`` is not two numbers.
+        ValidationError: ``grid`` is not a non-empty ratio grid (numbers, FIXED rows, R columns; an op_log
+            is named as one), ``threshold`` is not a positive finite real, ``mark`` is not two numbers, or
+            ``ax`` is not an Axes.
     """
+    where = "gate_map"
     if not isinstance(grid, pd.DataFrame) or grid.empty:
         raise ValidationError("gate_map: grid must be a non-empty analysis.ratio_grid() DataFrame "
                               "(FIXED rows, R columns).")
+    _check_table(grid, "grid", where, "analysis.ratio_grid(...)", "FIXED rows, R columns, dispatch ratios",
+                 "pass analysis.ratio_grid(bytes_opt2, bytes_opt3, fixed_values, r_values)", labels=True)
+    _check_positive(threshold, "threshold", where, "the dispatch ratio whose contour is drawn, e.g. 2.0",
+                    optional=False)
+    _check_ax(ax, where)
     if mark is not None:
         try:
             fixed, r_mark = (float(x) for x in mark)

@@ -13,7 +13,8 @@ from matplotlib.patches import Patch
 
 from ..errors import ValidationError
 from ..oplog import STAGE_NAMES, engine_tracks
-from . import _MOVERS, TENSOR_HATCH, _Drawn, _gantt_handles, _tensor_base, cycle_axis, gantt
+from . import (_MOVERS, TENSOR_HATCH, _check_clock, _check_dpi, _check_flag, _check_hatch, _check_int, _check_window,
+               _Drawn, _gantt_handles, _is_int, _tensor_base, cycle_axis, gantt)
 
 #: How many PEs :func:`device_gantt` shows when it is not told which.
 DEFAULT_PES = 4
@@ -23,9 +24,15 @@ CHANNEL_COLOR = "#332288"
 
 def default_pes(run: Any, n: int = DEFAULT_PES) -> list[int]:
     """The PEs worth showing first: the one the critical path runs on, then those sharing a channel with it,
-    then the lowest others, ``n`` at most, ascending."""
-    from ..analysis.channels import _dma_rows
+    then the lowest others, ``n`` at most, ascending.
 
+    Raises:
+        ValidationError: ``run`` is not a run, or ``n`` is not a positive int.
+    """
+    from ..analysis.channels import _dma_rows, run_of
+
+    run = run_of(run, "default_pes")
+    _check_int(n, "n", "default_pes", "how many PEs to show, e.g. 4")
     pes = list(run.pes)
     last = run.last_pe() if hasattr(run, "last_pe") else pes[0]
     d = _dma_rows(run, "device_gantt")
@@ -43,10 +50,19 @@ def _check_pes(run: Any, pes: Any) -> list[int]:
     if not isinstance(pes, Sequence) or isinstance(pes, str) or not pes:
         raise ValidationError(f"device_gantt: pes={pes!r}; pass a non-empty list of PEs (of {run.pes}), or None "
                               f"for a few.")
+    # True == 1 and 0 == False to Python: a bool would pass for a PE number
+    kind = [p for p in pes if not _is_int(p)]
+    if kind:
+        raise ValidationError(f"device_gantt: pes={list(pes)!r}; each PE must be an int (not a bool) of {run.pes}, "
+                              f"e.g. pes=[0, 1].")
     bad = [p for p in pes if p not in run.pes]
     if bad:
         raise ValidationError(f"device_gantt: PE {bad[0]!r} ran nothing in this run; it ran PEs {run.pes}.")
-    return sorted(dict.fromkeys(int(p) for p in pes))
+    twice = [p for p in dict.fromkeys(pes) if list(pes).count(p) > 1]
+    if twice:
+        raise ValidationError(f"device_gantt: pes={list(pes)!r} lists PE {twice[0]!r} more than once; list each PE "
+                              f"once.")
+    return sorted(int(p) for p in pes)
 
 
 def _title(run: Any, shown: list[int], chans: list[int], path_pe: int) -> str:
@@ -131,14 +147,24 @@ def device_gantt(run: Any, pes: Sequence[int] | int | None = None, *, channels: 
         ``channel:<c>``), all sharing the cycle axis.
 
     Raises:
-        ValidationError: not a run, PEs that ran nothing, or a bad window. FlowMismatch: ``channels`` on one
-            PE's run of a device whose channels other PEs shared (draw the device run).
+        ValidationError: not a run, ``pes`` not distinct ints (not bools) of PEs that ran, a bad window,
+            ``channels``, ``holds`` or ``critical_path`` not a bool, ``hatch`` not None or a mapping str ->
+            matplotlib hatch pattern, or ``clock_ghz`` or ``dpi`` not None or a positive finite real.
+            FlowMismatch: ``channels`` on one PE's run of a device whose channels other PEs shared (draw the
+            device run).
     """
     from ..analysis import channels as channel_table
     from ..analysis.channels import channel_steps, run_of
 
-    run = run_of(run, "device_gantt")
+    where = "device_gantt"
+    run = run_of(run, where)
     shown = _check_pes(run, pes)
+    for name, flag in (("channels", channels), ("holds", holds), ("critical_path", critical_path)):
+        _check_flag(flag, name, where)
+    _check_window(window, where)
+    _check_hatch(hatch, where)
+    _check_clock(clock_ghz, where)
+    _check_dpi(dpi, where)
     path_pe = run.last_pe() if hasattr(run, "last_pe") else run.pes[0]
     log = run.op_log
     tracks = engine_tracks(log["engine"])
