@@ -101,12 +101,19 @@ def engine_tracks(names: Sequence[str] | pd.Series) -> tuple[str, ...]:
     (``PE_DMA0`` .. the highest seen) in place of their engine.
 
     Raises:
-        ValueError: a name that is neither an engine nor a channel of one.
+        ValidationError: ``names`` is not a list of names, or holds a name that is neither an engine nor a
+            channel of one.
     """
     if isinstance(names, pd.Series) and isinstance(names.dtype, pd.CategoricalDtype):
         return tuple(names.cat.categories)
+    if isinstance(names, (str, bytes)) or not isinstance(names, (Sequence, pd.Series, pd.Index, np.ndarray)):
+        raise ValidationError(f"engine_tracks: names must be a list of engine unit names (an op_log's engine "
+                              f"column), got {type(names).__name__} {names!r:.60}.")
     channels: dict[str, int] = {}
-    for name in sorted(pd.unique(np.asarray(names, dtype=object))):
+    for name in sorted(pd.unique(np.asarray(names, dtype=object)), key=str):
+        if not isinstance(name, str):
+            raise ValidationError(f"op_log engine {name!r} is not an engine unit name; names are "
+                                  f"{', '.join(ENGINE_NAMES)} or a channel of one (PE_DMA0, PE_DMA1, ...).")
         if name in ENGINE_NAMES:
             continue
         m = _CHANNEL.match(name)

@@ -991,6 +991,18 @@ def test_bad_analysis_argument(action, pattern):
     assert re.search(pattern, str(info.value)), f"{pattern!r} not in {str(info.value)!r}"
 
 
+@pytest.mark.parametrize("names, pattern", [
+    (None, r"engine_tracks: names must be a list of engine unit names .* got NoneType None"),
+    ("PE_CPU", r"engine_tracks: names must be a list .* got str 'PE_CPU'"),
+    ([5], r"op_log engine 5 is not an engine unit name"),
+    (["PE_TPU"], r"op_log engine 'PE_TPU' is not one of PE_CPU"),
+])
+def test_engine_tracks_refuses_what_is_not_engine_names(names, pattern):
+    from kbwork.oplog import engine_tracks
+    with pytest.raises(ValidationError, match=pattern):
+        engine_tracks(names)
+
+
 def test_a_ratio_grid_of_no_dispatch_at_all_is_undefined_not_infinite():
     import kbwork.analysis as an
     grid = an.ratio_grid([], [], [40], [0.1])
