@@ -52,3 +52,16 @@ def float_range(low: float, high: float = math.inf) -> Callable[[str], float]:
 positive_int = int_range(1)
 nonnegative_int = int_range(0)
 nonnegative_float = float_range(0.0)
+
+
+def topology_setting(text: str) -> tuple[str, str]:
+    """An argparse type: ``key=value`` (``--set tcm_bytes=2097152``); the key and value are checked later,
+    against the topology, so the message can name the key (:func:`kbwork.config.setting_value`)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip() or not value.strip():
+        raise argparse.ArgumentTypeError(f"expected key=value with a topology key, e.g. tcm_bytes=2097152, "
+                                         f"got {text!r}")
+    return key.strip(), value.strip()
+
+
+topology_setting.__name__ = "key=value"

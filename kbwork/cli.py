@@ -29,7 +29,6 @@ import contextlib
 import dataclasses
 import difflib
 import json
-import math
 import os
 import sys
 import threading
@@ -37,8 +36,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from . import atomic
-from .argtypes import float_range, int_range, nonnegative_int, positive_int
-from .config import FLOAT_RANGES, MAX_INT, MAX_TCM_BYTES, Topology, load_topology
+from .argtypes import float_range, int_range, nonnegative_int, positive_int, topology_setting
+from .config import FLOAT_RANGES, MAX_INT, MAX_TCM_BYTES, Topology, load_topology, setting_value
 from .errors import ConfigError, KbworkError, TcmOverflowError, ValidationError
 
 
@@ -74,19 +73,6 @@ def unrecognized(extras: list[str], parser: argparse.ArgumentParser) -> str:
 
 
 
-def topology_setting(text: str) -> tuple[str, str]:
-    """An argparse type: ``key=value`` (``--set tcm_bytes=2097152``); the key and value are checked later,
-    against the topology, so the message can name the key."""
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip() or not value.strip():
-        raise argparse.ArgumentTypeError(f"expected key=value with a topology key, e.g. tcm_bytes=2097152, "
-                                         f"got {text!r}")
-    return key.strip(), value.strip()
-
-
-topology_setting.__name__ = "key=value"
-
-
 def _sim_options(p: argparse.ArgumentParser, mode: str = "data") -> None:
     g = p.add_argument_group("decode and topology options")
     g.add_argument("--kv-len", type=positive_int, default=4096, help="KV length N (default 4096)")
@@ -118,31 +104,6 @@ _KEY_FLAGS = {"fixed_cycles": ("--fixed", "fixed"), "r_cycles_per_byte": ("--r",
               "hazard_policy": ("--hazard-policy", "hazard_policy")}
 
 
-def _setting_value(key: str, text: str) -> Any:
-    """The value of ``--set key=text`` in the type of the topology key (an unknown key is left to
-    :func:`kbwork.load_topology`, which suggests the key meant)."""
-    fields = {f.name: f for f in dataclasses.fields(Topology) if f.name != "source"}
-    kind = fields[key].type if key in fields else "str"
-    if kind == "int":
-        try:
-            return int(text)
-        except ValueError:
-            pass
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if value.is_integer():  # 2e6
-            return int(value)
-        raise ConfigError(f"--set {key}={text}: {key} takes a whole number, got {text!r}.")
-    if kind == "float":
-        try:
-            return float(text)
-        except ValueError:
-            raise ConfigError(f"--set {key}={text}: {key} takes a number, got {text!r}.") from None
-    return text
-
-
 def _kwargs(a: argparse.Namespace) -> dict[str, Any]:
     """``decode.run``/``compare`` keyword arguments from the options; the topology and every key set on it
     checked now (an error names the flag that set it).
@@ -170,7 +131,7 @@ def _kwargs(a: argparse.Namespace) -> dict[str, Any]:
     for key, text in a.settings:
         if key in given:
             raise ValidationError(f"--set {key}={text}: {key} is already set by {given[key]}; give it once.")
-        overrides[key], given[key] = _setting_value(key, text), f"--set {key}={text}"
+        overrides[key], given[key] = setting_value(key, text), f"--set {key}={text}"
         try:
             topo = topo.replace(**{key: overrides[key]})
         except ConfigError as exc:
@@ -256,6 +217,8 @@ def _progress(a: argparse.Namespace, phases: list[str]) -> _Phases:
 def _tcm_hint(a: argparse.Namespace | None) -> str:
     """What to type for a TCM large enough: the smallest power of two of bytes in which a one-tile timing
     run of every variant asked for fits (a TCM holds what one tile needs, whatever the tile count)."""
+    if a is not None and callable(getattr(a, "tcm_hint", None)):
+        return a.tcm_hint(a)  # a subcommand with other options (kbwork step) words it in its own
     generic = " On the command line: --set tcm_bytes=N, or --topology FILE with a larger tcm_bytes."
     if a is None or not hasattr(a, "kv_len"):
         return generic

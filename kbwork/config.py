@@ -133,6 +133,35 @@ def exact_fraction(x: float | int | Fraction) -> Fraction:
     return Fraction(repr(float(x))) if isinstance(x, float) else Fraction(x)
 
 
+def setting_value(key: str, text: str) -> Any:
+    """The value of ``--set key=text`` in the type of the topology key: an int for an int key (``2e6`` too), a
+    float for a float key, else the text (an unknown key is left to :func:`load_topology`, which suggests the
+    key meant).
+
+    Raises:
+        ConfigError: text that is not a number where the key takes one, naming ``--set key=text``.
+    """
+    kind = _FIELDS[key].type if key in _FIELDS else "str"
+    if kind == "int":
+        try:
+            return int(text)
+        except ValueError:
+            pass
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if value.is_integer():  # 2e6
+            return int(value)
+        raise ConfigError(f"--set {key}={text}: {key} takes a whole number, got {text!r}.")
+    if kind == "float":
+        try:
+            return float(text)
+        except ValueError:
+            raise ConfigError(f"--set {key}={text}: {key} takes a number, got {text!r}.") from None
+    return text
+
+
 def _check_keys(d: dict[str, Any], where: str) -> None:
     for key in d:
         if key not in _FIELDS:

@@ -268,3 +268,70 @@ def test_a_step_s_attention_is_its_device_run_and_equals_the_plain_simulation():
     assert run.reductions.contended_channels == (0, 1)
     assert s.attention_runs[0].cycles >= s.attention_runs[0].channel_bound_cycles
     assert "ahbm" in s.bound or s.bound_kind != "ahbm"
+
+
+# --- keywords a step or a comparison does not take; limits on the batch ---------------------------
+@pytest.mark.parametrize("call, match", [
+    (lambda: mdl.step("llama-3-8b", [256], mode="data"),
+     r"model.step: a model step is timing-only \(DESIGN.md §15\): it takes no mode=; drop mode='data'"),
+    (lambda: mdl.step("llama-3-8b", [256], mode="timing"),
+     r"timing-only \(DESIGN.md §15\): it takes no mode=; drop mode='timing'"),
+    (lambda: mdl.step("llama-3-8b", [256], variants=["opt2"]),
+     "model.step: one step runs one decode variant: pass variant=.*model.compare takes variants="),
+    (lambda: mdl.step("llama-3-8b", [256], placements=("host",)), "one step has one placement: pass placement="),
+    (lambda: mdl.compare("llama-3-8b", [256], variant="opt2"),
+     r"model.compare: it takes variants=, a list or tuple \(e.g. variants=\('opt2',\)\), not variant="),
+    (lambda: mdl.compare("llama-3-8b", [256], variant="opt3"), r"variants=\('opt3',\)"),
+    (lambda: mdl.compare("llama-3-8b", [256], placement="host"), r"it takes placements=.*placements=\('host',\)"),
+    (lambda: mdl.compare("llama-3-8b", [256], mode="data"), "model.compare: a model step is timing-only"),
+    (lambda: mdl.per_head_contention("llama-3-8b", 256, pes=4), "it sets pes and hbm_channels itself"),
+    (lambda: mdl.per_head_contention("llama-3-8b", 256, mode="data"), "timing mode only"),
+    (lambda: mdl.per_head_contention("llama-3-8b", 256, variant="opt2"), "it takes variants="),
+])
+def test_a_keyword_of_another_function_says_what_to_pass(call, match):
+    with pytest.raises(ValidationError, match=match):
+        call()
+
+
+@pytest.mark.parametrize("call", [
+    lambda: mdl.step("llama-3-8b", [256], fixed_cycle=1),
+    lambda: mdl.compare("llama-3-8b", [256], fixed_cycle=1),
+])
+def test_a_misspelt_topology_key_is_still_an_unknown_topology_key(call):
+    with pytest.raises(ConfigError, match=r"unknown topology key 'fixed_cycle'.*Did you mean 'fixed_cycles'"):
+        call()
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: mdl.step("llama-3-8b", [128] * (mdl.checks.MAX_BATCH + 1), placement="host"),
+     r"model.step: the batch \(len\(contexts\)\) is 1048577 sequences; a step takes at most 1048576"),
+    (lambda: mdl.step("llama-3-8b", [128] * 8193),
+     r"model.step: batch 8193 x 8 KV heads is 65544 decode tasks per layer on the device; a step simulates at "
+     r"most 65536 .*a batch of at most 8192 for this model.*placement='host'"),
+    (lambda: mdl.step("llama-3-8b", [128] * 8193, schedule="ping_pong"), "65544 decode tasks"),
+    (lambda: mdl.compare("llama-3-8b", [128] * 8193), "model.compare: batch 8193 x 8 KV heads"),
+])
+def test_a_batch_beyond_what_a_step_can_simulate_is_refused_at_once(call, match):
+    with pytest.raises(ValidationError, match=match):
+        call()
+
+
+def test_the_device_task_limit_counts_sequences_times_kv_heads(monkeypatch):
+    monkeypatch.setattr(mdl.checks, "MAX_DEVICE_TASKS", 4)
+    assert mdl.step(TINY, [128, 128], pes=2, hbm_channels=1).batch == 2          # 2 x 2 KV heads = 4
+    with pytest.raises(ValidationError, match="6 decode tasks"):
+        mdl.step(TINY, [128] * 3, pes=2, hbm_channels=1)
+    assert mdl.step(TINY, [128] * 3, placement="host").batch == 3               # nothing simulated
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: mdl.Device("ahbm-device-v1"), ConfigError,
+     r"Device: topology must be a kbwork Topology .*got 'ahbm-device-v1' \(a str\). To load one by name, use "
+     r"model.load_device\('ahbm-device-v1'\)"),
+    (lambda: mdl.Device(None), ConfigError, r"topology must be a kbwork Topology .*got None \(a NoneType\)\.$"),
+    (lambda: load_device().home_channel(96), ValidationError, "pe must be an int from 0 to 95"),
+    (lambda: load_device().home_channel("0"), ValidationError, "pe must be an int from 0 to 95.*got '0'"),
+])
+def test_a_device_refuses_what_is_not_one(call, error, match):
+    with pytest.raises(error, match=match):
+        call()

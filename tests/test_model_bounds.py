@@ -109,3 +109,29 @@ def test_per_head_contention_alone_is_a_plain_decode_run_and_sharing_costs_at_le
 def test_per_head_contention_refuses_bad_arguments(kw, error, match):
     with pytest.raises(error, match=match):
         mdl.per_head_contention(TINY, 1024, **kw)
+
+
+def test_with_bounds_takes_the_device_and_host_the_sweep_records():
+    dev = mdl.load_device(channel_bytes_per_cycle=80)
+    sw = mdl.sweep(context=[2048], batch=[4], variants=("opt2",), placements=("ahbm", "host"), device=dev,
+                   host={"hbm_tb_s": 6.0}, workers=1, progress=False)
+    out = mdl.with_bounds(sw)
+    b = mdl.physical_bound("llama-3-8b", [2048] * 4, host={"hbm_tb_s": 6.0}, device=dev)
+    assert list(out.bound_tokens_per_s) == pytest.approx([b.tokens_per_s("ahbm_serial"), b.tokens_per_s("host")])
+    # given, host= and device= win over the record; a frame without one keeps the defaults
+    given = mdl.with_bounds(sw, host="h200", device="ahbm-device-v1")
+    plain = mdl.physical_bound("llama-3-8b", [2048] * 4)
+    assert list(given.bound_tokens_per_s) == pytest.approx([plain.tokens_per_s("ahbm_serial"),
+                                                            plain.tokens_per_s("host")])
+    bare = pd.DataFrame(sw)
+    bare.attrs = {}
+    assert list(mdl.with_bounds(bare).bound_tokens_per_s) == list(given.bound_tokens_per_s)
+
+
+def test_with_bounds_refuses_a_record_that_is_no_device():
+    rows = pd.DataFrame({"model": ["llama-3-8b"], "batch": [1], "context": [512], "placement": ["host"],
+                         "schedule": ["serial"], "tokens_per_s": [1.0]})
+    rows.attrs["device"] = {"pes": "many"}
+    with pytest.raises(ValidationError, match=r"with_bounds: the frame's attrs record no valid host and device "
+                                              r"\(topology key 'pes' must be an integer.*pass host= and device="):
+        mdl.with_bounds(rows)

@@ -104,3 +104,61 @@ def test_no_traceback_from_the_command_line(argv):
     else:
         last = p.stderr.strip().splitlines()[-1]
         assert p.returncode == 2 and last.startswith(("kbwork: error:", "kbwork step: error:"))
+
+
+# --- --set, the batch limits and the TCM hint ---------------------------------------------------------------
+def test_set_sets_a_topology_key_of_the_device(capsys):
+    assert main(["step", "--context", "1024", "--batch", "2", "--variants", "opt2", "--placement", "ahbm",
+                 "--set", "channel_bytes_per_cycle=80", "--set", "fixed_cycles=60", "--json"]) == 0
+    (case,) = json.loads(capsys.readouterr().out)["cases"]
+    s = mdl.step("llama-3-8b", [1024] * 2, channel_bytes_per_cycle=80, fixed_cycles=60)
+    assert case["seconds"] == s.seconds
+    assert case["device"]["channel_bytes_per_cycle"] == 80 and case["device"]["fixed_cycles"] == 60
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["step", "--set", "fixed_cyles=3"], "kbwork: error: --set fixed_cyles=3: unknown topology key 'fixed_cyles'"),
+    (["step", "--set", "tcm_bytes=x"], "kbwork: error: --set tcm_bytes=x: tcm_bytes takes a whole number"),
+    (["step", "--set", "pes=0"], "kbwork: error: --set pes=0: topology key 'pes' is 0"),
+    (["step", "--set", "handoff_us=3"], "kbwork: error: --set handoff_us=3: handoff_us is a host key, and --set "
+                                        "sets topology keys of the device; use --handoff-us"),
+    (["step", "--hazard-policy", "rw_aware", "--set", "hazard_policy=strict_fifo"],
+     "kbwork: error: --set hazard_policy=strict_fifo: hazard_policy is already set by --hazard-policy rw_aware"),
+    (["step", "--batch", "100000000", "--placement", "host"],
+     "kbwork: error: --batch 100000000: a step takes at most 1048576 sequences; use a smaller --batch."),
+    (["step", "--batch", "9000", "--context", "128"],
+     "kbwork: error: a batch of 9000 x 8 KV heads of llama-3-8b is 72000 decode tasks per layer on the device; "
+     "kbwork step simulates at most 65536 (a batch of at most 8192 for this model). Use a smaller --batch, or "
+     "--placement host"),
+])
+def test_set_and_batch_mistakes_are_one_error_line_and_exit_2(capsys, argv, message):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1
+
+
+def test_set_without_a_value_is_argparse_s_usage(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["step", "--set", "tcm_bytes"])
+    assert exc.value.code == 2
+    assert "argument --set: expected key=value with a topology key" in capsys.readouterr().err
+
+
+def test_the_tcm_hint_names_kbwork_step_s_own_options_and_a_size_that_fits(capsys):
+    from kbwork.cli import build_parser
+
+    argv = ["step", "--context", "256", "--placement", "ahbm", "--device", "ahbm-pe-v1", "--variants", "opt2,opt3"]
+    a = build_parser().parse_args([*argv, "--set", "tcm_bytes=16384"])
+    hint = a.tcm_hint(a)       # what kbwork.cli.main is to add to a TCM overflow of kbwork step
+    assert hint == (" On the command line: --set tcm_bytes=262144 (now 16384), a smaller --tile, or --device FILE "
+                    "with that tcm_bytes.")
+    assert "--topology" not in hint
+    assert main([*argv, "--set", "tcm_bytes=131072"]) == 2 and "TCM overflow" in capsys.readouterr().err
+    assert main([*argv, "--set", "tcm_bytes=262144"]) == 0
+
+
+def test_the_tcm_hint_falls_back_to_words_when_it_cannot_size_the_tcm():
+    a = argparse.Namespace(model="llama-9", device="ahbm-pe-v1", settings=[], hazard_policy=None, tile=128,
+                           variants=("opt2",))
+    assert mdl.cli.tcm_hint(a) == (" On the command line: --set tcm_bytes=N, a smaller --tile, or --device FILE "
+                                   "with a larger tcm_bytes.")

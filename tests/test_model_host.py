@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from kbwork import ConfigError, ValidationError
 from kbwork.model import assign_tasks, gemm, host_attention, layer_gemms, lm_head, load_host, load_model
 from kbwork.model.host import HOST_BANDWIDTH, HOST_FLOPS, eta_attention, measured_attention, weight_bytes
 from kbwork.model.tasks import Padding, Task
@@ -97,3 +98,68 @@ def test_padding_is_reported_per_sequence_and_in_total():
     assert "151 keys over 3 sequences" in repr(p)
     assert Padding.of([4096] * 4, 128).total == 0
     assert math.isclose(Padding.of([1], 64).fraction, 63)
+
+
+# --- bad input: typed errors naming the argument ---------------------------------------------------
+def test_gemm_takes_a_host_as_load_host_does():
+    want = gemm(H200, 16, 4096, 4096)
+    assert gemm("h200", 16, 4096, 4096) == want                       # a name, as step(host=...) takes
+    assert gemm({"eta_bw": 0.5}, 1, 64, 64) == gemm(load_host({"eta_bw": 0.5}), 1, 64, 64)
+    m = load_model("llama-3-8b")
+    assert layer_gemms("llama-3-8b", "h200", 4) == layer_gemms(m, H200, 4)
+    assert lm_head("llama-3-8b", "h200", 4) == lm_head(m, H200, 4)
+    assert host_attention("llama-3-8b", "h200", [1000, 3000]) == host_attention(m, H200, [1000, 3000])
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: gemm(5, 1, 64, 64), ConfigError, r"host must be a name \(e.g. 'h200'\).*got 5 \(a int\)"),
+    (lambda: gemm("h100", 1, 64, 64), ConfigError, "host 'h100' not found"),
+    (lambda: gemm(H200, 0, 64, 64), ValidationError, r"host GEMM 'gemm': rows must be a positive int, got 0"),
+    (lambda: gemm(H200, 1, 64.0, 64), ValidationError, "n_in must be a positive int, got 64.0"),
+    (lambda: layer_gemms(None, H200, 1), ConfigError, "model must be a name"),
+    (lambda: layer_gemms("llama-3-8b", [], 1), ConfigError, "host must be a name"),
+    (lambda: lm_head("llama-3-8b", H200, -2), ValidationError, "'LM head': rows must be a positive int, got -2"),
+    (lambda: host_attention("llama-3-8b", H200, []), ValidationError, "model.host_attention: contexts is empty"),
+    (lambda: host_attention("llama-3-8b", H200, [0]), ValidationError,
+     r"model.host_attention: contexts\[0\] is 0; every context is a positive int"),
+    (lambda: host_attention("llama-3-8b", H200, [512, -3]), ValidationError, r"contexts\[1\] is -3"),
+    (lambda: host_attention("llama-3-8b", H200, 512), ValidationError, "contexts must be a list of KV lengths"),
+    (lambda: host_attention("llama-3-8b", H200, ["8"]), ValidationError, r"contexts\[0\] is '8' \(str\)"),
+    (lambda: load_model("llama-3-8b").kv_bytes("x"), ValidationError, "Model.kv_bytes: context must be a positive"),
+])
+def test_host_helpers_refuse_bad_input_with_typed_errors(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(pes=0), r"model.assign_tasks: pes must be a positive int, got 0 \(int\); e.g. pes=96"),
+    (dict(pes=1.5), r"pes must be a positive int, got 1.5 \(float\)"),
+    (dict(tile=0), r"model.assign_tasks: tile must be a positive int .*got 0 \(int\); e.g. tile=128"),
+    (dict(tile="128"), r"tile must be a positive int .*got '128' \(str\)"),
+    (dict(kv_heads=0), r"kv_heads must be a positive int, got 0"),
+    (dict(kv_heads=None), r"kv_heads must be a positive int, got None \(NoneType\)"),
+    (dict(first_sequence=-1), r"first_sequence must be a non-negative int, got -1"),
+    (dict(first_sequence="0"), r"first_sequence must be a non-negative int, got '0'"),
+    (dict(contexts=256), "contexts must be a list of KV lengths"),
+    (dict(contexts=[256, 0]), r"contexts\[1\] is 0"),
+    (dict(contexts=["a"]), r"contexts\[0\] is 'a' \(str\)"),
+])
+def test_assign_tasks_refuses_bad_input_naming_the_argument(kw, match):
+    with pytest.raises(ValidationError, match=match):
+        assign_tasks(**{**dict(contexts=[256], kv_heads=2, pes=1, tile=128), **kw})
+
+
+def test_assign_tasks_of_no_sequences_is_no_tasks():
+    assert assign_tasks([], kv_heads=2, pes=4, tile=128) == ()
+
+
+@pytest.mark.parametrize("contexts, tile, match", [
+    ([128], 0, r"model.Padding.of: tile must be a positive int"),
+    ([], 128, "model.Padding.of: contexts is empty"),
+    ([0], 128, r"model.Padding.of: contexts\[0\] is 0"),
+    (128, 128, "model.Padding.of: contexts must be a list"),
+])
+def test_padding_refuses_bad_input(contexts, tile, match):
+    with pytest.raises(ValidationError, match=match):
+        Padding.of(contexts, tile)

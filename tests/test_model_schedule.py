@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kbwork import SimulationError
+from kbwork import SimulationError, ValidationError
 from kbwork.model.schedule import HalfCosts, Job, chain_jobs, list_schedule, serial_seconds
 
 
@@ -67,3 +67,34 @@ def test_bad_job_lists_are_refused():
         list_schedule([Job("a", "host", 1.0, (("z", 0.0),), (0,))])
     with pytest.raises(SimulationError, match="share a name"):
         list_schedule([Job("a", "host", 1.0, (), (0,)), Job("a", "device", 1.0, (), (1,))])
+
+
+def _job(**kw):
+    return Job(**{**dict(name="a", resource="host", duration=1.0, preds=(), key=(0,)), **kw})
+
+
+@pytest.mark.parametrize("jobs, match", [
+    ([5], r"list_schedule: jobs\[0\] is 5 \(int\); every job is a kbwork.model.Job"),
+    (5, r"list_schedule: jobs must be a list or tuple of kbwork.model.Job records.*got 5 \(int\)"),
+    (None, "jobs must be a list or tuple"),
+    (_job(), r"jobs must be a list or tuple .*\(Job\)"),
+    ([_job(name=5)], "job 0 .*name must be a non-empty string"),
+    ([_job(resource=None)], r"resource must be a non-empty string \(e.g. 'host' or 'device'\), got None"),
+    ([_job(duration="1")], r"duration must be a finite number of seconds >= 0, got '1'"),
+    ([_job(duration=-1.0)], "duration must be a finite number of seconds >= 0, got -1.0"),
+    ([_job(duration=float("nan"))], "duration must be a finite number of seconds >= 0, got nan"),
+    ([_job(preds=None)], r"preds must be a tuple of \(name, latency\) pairs, got None"),
+    ([_job(preds=(5,))], r"preds must be \(name, latency\) pairs .*got 5"),
+    ([_job(preds=(("b", "x"),)), _job(name="b")], r"preds must be \(name, latency\) pairs .*got \('b', 'x'\)"),
+    ([_job(key=5)], r"key must be a tuple \(e.g. \(layer, half, phase\)\), got 5"),
+    ([_job(key=(0,)), _job(name="b", key=("x",))], r"the keys of jobs 'a' \(\(0,\)\) and 'b' \(\('x',\)\) cannot "
+                                                   r"be compared"),
+])
+def test_jobs_that_are_not_jobs_are_validation_errors(jobs, match):
+    with pytest.raises(ValidationError, match=match):
+        list_schedule(jobs)
+
+
+def test_no_jobs_is_an_empty_timeline():
+    tl = list_schedule([])
+    assert tl.empty and list(tl.columns) == ["task", "half", "layer", "phase", "resource", "start", "end"]

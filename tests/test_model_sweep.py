@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import pandas as pd
 import pytest
 
 from kbwork import ConfigError, ValidationError
@@ -171,3 +172,41 @@ def test_a_damaged_row_is_refused_not_returned(tmp_path, column, value, message)
     out.write_text("\n".join([lines[0], ",".join(fields), *lines[2:]]) + "\n")
     with pytest.raises(ValidationError, match=re.escape(message)):
         mdl.sweep(out=out, resume=True, placements=("host",), workers=1, progress=False, **axes)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(context=[512], variant="opt2"), r"sweep: it takes variants=, a list or tuple \(e.g. variants=\('opt2',\)\)"),
+    (dict(context=[512], placement="host"), r"sweep: it takes placements=.*placements=\('host',\)"),
+    (dict(context=[512], schedule="ping_pong"), r"sweep: it takes schedules=.*schedules=\('ping_pong',\)"),
+    (dict(context=[512], mode="data"), r"sweep: a model step is timing-only .*no mode=; drop mode='data'"),
+    (dict(contexts=[512]), r"sweep: it takes a context= axis"),
+    (dict(context=[512], batch=[1, 1 << 21], placements=("host",)),
+     r"sweep: axis 'batch' is 2097152 sequences; a step takes at most 1048576"),
+    (dict(context=[512], batch=[8193]), r"sweep: batch 8193 x 8 KV heads is 65544 decode tasks per layer"),
+])
+def test_misnamed_arguments_and_batches_too_large_are_refused_before_anything_runs(kw, match):
+    with pytest.raises(ValidationError, match=match):
+        mdl.sweep(workers=1, progress=False, **kw)
+
+
+def test_a_batch_too_large_for_the_device_is_fine_on_the_host_alone():
+    df = mdl.sweep(context=[512], batch=[8193], placements=("host",), workers=1, progress=False)
+    assert list(df.placement) == ["host"] and df.batch.iloc[0] == 8193
+
+
+@pytest.mark.parametrize("device, host", [
+    ("ahbm-device-v1", "h200"),
+    (load_device(pes=48, hbm_channels=48, channel_bytes_per_cycle=64), {"hbm_tb_s": 8.0}),
+])
+def test_a_sweep_records_its_host_and_device_in_attrs(device, host):
+    df = mdl.sweep(context=[512], placements=("host",), device=device, host=host, workers=1, progress=False)
+    assert df.attrs["device"] == load_device(device).topology.to_dict()
+    assert df.attrs["host"] == mdl.load_host(host).to_dict()
+    rec_host, rec_device = mdl.sweeps.recorded_setup(df, "test")
+    assert rec_device == load_device(device) and rec_host == mdl.load_host(host)
+    # selections keep the record; so does a concat of sweeps on the same setup, not of different ones
+    assert df[df.batch == 1].attrs == df.attrs
+    assert pd.concat([df, df]).attrs == df.attrs
+    other = mdl.sweep(context=[512], placements=("host",), device=load_device(pes=4, hbm_channels=4), workers=1,
+                      progress=False)
+    assert mdl.sweeps.recorded_setup(pd.concat([df, other]), "test") == (None, None)

@@ -38,7 +38,9 @@ def _sweep(models=("llama-3-8b", "llama-3-70b"), x="context", xs=(1024, 4096, 32
                 rows.append({"model": m, "batch": batch, "context": context, "variant": variant,
                              "placement": placement, "schedule": schedule, "seconds": batch / (base * f),
                              "tokens_per_s": base * f})
-    return pd.DataFrame(rows)
+    df = pd.DataFrame(rows)
+    mdl.sweeps.record_setup(df, "h200", "ahbm-device-v1")   # as model.sweep records its own
+    return df
 
 
 def _gids(ax, prefix):
@@ -111,6 +113,71 @@ def test_tokens_per_s_grid_has_a_panel_per_model_one_legend_and_says_the_device_
     assert "96 PEs" in fig._suptitle.get_text() and "h200" in fig._suptitle.get_text()
     with pytest.raises(ValidationError, match="facet"):
         plots.tokens_per_s_grid(_sweep(), facet="host")
+
+
+OTHER = dict(pes=48, hbm_channels=48, channel_bytes_per_cycle=20)
+
+
+def _bound_y(ax, gid="bound:ahbm"):
+    line = _gids(ax, "bound:")[gid]
+    return line.get_xdata(), line.get_ydata()
+
+
+def test_tokens_per_s_draws_the_bound_of_the_device_the_sweep_ran_on():
+    dev = mdl.load_device(**OTHER)
+    sw = mdl.sweep(context=[512, 2048], batch=2, variants=("opt2",), placements=("ahbm", "host"),
+                   schedules=("serial", "ping_pong"), device=dev, host={"hbm_tb_s": 6.0}, workers=1,
+                   progress=False)
+    xs, ys = _bound_y(plots.tokens_per_s(sw, "context"))
+    want = [mdl.physical_bound("llama-3-8b", [int(c)] * 2, host={"hbm_tb_s": 6.0}, device=dev).tokens_per_s("ahbm")
+            for c in xs]
+    assert list(ys) == pytest.approx(want)
+    default = [mdl.physical_bound("llama-3-8b", [int(c)] * 2).tokens_per_s("ahbm") for c in xs]
+    assert not np.allclose(ys, default)                      # not the default device's any more
+    # given, device= and host= are drawn instead of the record
+    _, given = _bound_y(plots.tokens_per_s(sw, "context", device="ahbm-device-v1", host="h200"))
+    assert list(given) == pytest.approx(default)
+    fig = plots.tokens_per_s_grid(sw, "context")
+    assert "48 PEs on 48 channels x 20 B/cycle" in fig._suptitle.get_text()
+    assert "6 TB/s" in fig._suptitle.get_text()
+
+
+def test_tokens_per_s_refuses_to_guess_the_device_of_a_frame_that_records_none():
+    one = _sweep()[lambda d: d.model == "llama-3-8b"]
+    one.attrs = {}
+    with pytest.raises(ValidationError, match=r"plots.tokens_per_s: the frame does not record the device its steps "
+                                              r"ran on .*Pass the sweep's device, e.g. device='ahbm-device-v1'"):
+        plots.tokens_per_s(one, "context")
+    with pytest.raises(ValidationError, match="plots.tokens_per_s_grid: the frame does not record the device"):
+        plots.tokens_per_s_grid(one, "context")
+    assert not _gids(plots.tokens_per_s(one, "context", bounds=False), "bound:")    # no bound, nothing to know
+    xs, ys = _bound_y(plots.tokens_per_s(one, "context", device=mdl.load_device(**OTHER)))
+    want = [mdl.physical_bound("llama-3-8b", [int(c)] * 16, **OTHER).tokens_per_s("ahbm") for c in xs]
+    assert list(ys) == pytest.approx(want)
+
+
+@pytest.mark.parametrize("column, values, kw", [
+    ("channel_bytes_per_cycle", [80.0], dict(channel_bytes_per_cycle=80)),
+    ("hbm_tb_s", [8.0], dict(host={"hbm_tb_s": 8.0})),
+    ("clock_ghz", [2.5], dict(clock_ghz=2.5)),
+])
+def test_a_swept_bound_key_of_one_value_is_applied_over_the_recorded_device(column, values, kw):
+    one = _sweep()[lambda d: d.model == "llama-3-8b"].assign(**{column: values[0]})
+    xs, ys = _bound_y(plots.tokens_per_s(one, "context"))
+    assert list(ys) == pytest.approx([mdl.physical_bound("llama-3-8b", [int(c)] * 16, **kw).tokens_per_s("ahbm")
+                                      for c in xs])
+
+
+def test_rows_of_several_values_of_a_bound_key_are_refused():
+    one = _sweep()[lambda d: d.model == "llama-3-8b"]
+    two = pd.concat([one.assign(channel_bytes_per_cycle=40.0), one.assign(channel_bytes_per_cycle=80.0)])
+    with pytest.raises(ValidationError, match=r"the rows hold 2 values of 'channel_bytes_per_cycle' "
+                                              r"\(\[40.0, 80.0\]\); the bound differs between them; select one"):
+        plots.tokens_per_s(two, "context")
+    # faceted by that key, each panel draws its own
+    fig = plots.tokens_per_s_grid(two, "context", facet="channel_bytes_per_cycle")
+    (_, y40), (_, y80) = (_bound_y(ax) for ax in fig.axes)
+    assert len(fig.axes) == 2 and (y80 >= y40).all() and (y80 > y40).any()   # 80 B/cycle: a higher bound
 
 
 def test_ping_pong_gain_is_ping_pong_over_serial_per_model():

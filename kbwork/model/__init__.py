@@ -12,7 +12,8 @@ roofline and the GPU-only attention), :mod:`.tasks` (the mapping of a layer's
 decode tasks to PEs), :mod:`.device` (the device and one layer's attention on
 it), :mod:`.schedule` (serial and ping-pong as a list schedule), :mod:`.steps`
 and :mod:`.sweeps`, :mod:`.bounds` (the physical lower bound on a step) and :mod:`.contention` (one task
-beside others on a shared channel); :mod:`.cli` is the ``kbwork step`` command.
+beside others on a shared channel), :mod:`.checks` (the argument checks every piece shares, and the
+limits on a batch); :mod:`.cli` is the ``kbwork step`` command.
 """
 
 from .bounds import BOUND_KINDS, PhysicalBound, physical_bound, with_bounds

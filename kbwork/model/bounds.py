@@ -159,25 +159,35 @@ def bound_kind_of(placement: str, schedule: str) -> str:
     return "ahbm_serial" if schedule == "serial" else "ahbm"
 
 
-def with_bounds(sweep: pd.DataFrame, *, host: Any = "h200", device: Any = DEVICE_V1) -> pd.DataFrame:
+def with_bounds(sweep: pd.DataFrame, *, host: Any = None, device: Any = None) -> pd.DataFrame:
     """A :func:`kbwork.model.sweep` (or :func:`kbwork.model.compare` with ``model``, ``batch`` and
     ``context`` columns) with each row's physical bound: ``physical_bound`` (its kind, :func:`bound_kind_of`),
     ``bound_tokens_per_s`` and ``of_bound`` (``tokens_per_s / bound_tokens_per_s``, at most 1). The sweep's
     own ``bound`` and ``bound_kind`` (what takes the largest share of the step) stay as they are.
 
-    Every sequence of a row has the row's ``context`` (as in a sweep). Host and device keys that are
-    columns of ``sweep`` (a swept ``hbm_tb_s`` or ``channel_bytes_per_cycle``) are applied per row.
+    Every sequence of a row has the row's ``context`` (as in a sweep). ``host`` and ``device`` default to
+    the ones the sweep records in its ``attrs`` (:func:`kbwork.model.sweep` does), else to ``"h200"`` and
+    ``"ahbm-device-v1"``. Host and device keys that are columns of ``sweep`` (a swept ``hbm_tb_s`` or
+    ``channel_bytes_per_cycle``) are applied per row.
+
+    Returns:
+        A copy of ``sweep`` with the three columns added.
 
     Raises:
-        ValidationError: ``sweep`` lacks a column it needs.
+        ValidationError: ``sweep`` lacks a column it needs, or records an invalid host or device.
+        ConfigError: a bad host or device.
     """
+    from .sweeps import recorded_setup
+
     need = {"model", "batch", "context", "placement", "schedule", "tokens_per_s"}
     if not isinstance(sweep, pd.DataFrame) or not need <= set(sweep.columns):
         raise ValidationError(f"with_bounds: expected a model.sweep() DataFrame with columns "
                               f"{', '.join(sorted(need))}.")
     host_cols = [c for c in HOST_KEYS[1:] if c in sweep.columns]
     dev_cols = [c for c in ("clock_ghz", *DEVICE_KEYS) if c in sweep.columns]
-    base_host, base_device = load_host(host), load_device(device)
+    rec_host, rec_device = recorded_setup(sweep, "with_bounds")
+    base_host = load_host(host if host is not None else rec_host if rec_host is not None else "h200")
+    base_device = load_device(device if device is not None else rec_device if rec_device is not None else DEVICE_V1)
     cache: dict[tuple, PhysicalBound] = {}
     kinds, tps = [], []
     for r in sweep.to_dict(orient="records"):

@@ -7,6 +7,9 @@ a malformed argument ends with argparse's usage line and exit status 2, and
 every other mistake with one ``kbwork: error: ...`` line and exit status 2,
 never a traceback.
 
+As on ``kbwork run``, ``--set key=value`` (repeatable) sets one topology key of the device
+(DESIGN.md §15: a step takes topology overrides), e.g. ``--set tcm_bytes=2097152``.
+
     kbwork step --model llama-3-70b --batch 16 --context 32768
     kbwork step --model llama-3-8b --context 1024,4096,32768 --variants opt2,a1 --schedule ping_pong --json
 """
@@ -17,12 +20,80 @@ import argparse
 import json
 from typing import Any
 
-from ..argtypes import nonnegative_float, positive_int
-from ..errors import ValidationError
+from ..argtypes import nonnegative_float, positive_int, topology_setting
+from ..config import setting_value
+from ..errors import ConfigError, KbworkError, TcmOverflowError, ValidationError
 
 PLACEMENT_CHOICES = ("ahbm", "host", "both")
 
 
+#: The flags of ``kbwork step`` that set a topology key themselves (``--set`` may not set it a second time).
+_KEY_FLAGS = {"hazard_policy": ("--hazard-policy", "hazard_policy")}
+
+
+def topology_overrides(a: argparse.Namespace) -> dict[str, Any]:
+    """The topology keys the options set (``--hazard-policy`` and every ``--set``), each checked against
+    ``--device`` now, so an error names the flag that set it.
+
+    Returns:
+        ``key -> value``, for :func:`kbwork.model.load_device`.
+
+    Raises:
+        ValidationError: a key set twice.
+        ConfigError: a bad device, an unknown topology key or a bad value (naming ``--set key=value``).
+    """
+    from .device import load_device
+    from .files import HOST_KEYS
+
+    overrides: dict[str, Any] = {}
+    given: dict[str, str] = {}
+    for key, (flag, attr) in _KEY_FLAGS.items():
+        if getattr(a, attr, None) is not None:
+            overrides[key], given[key] = getattr(a, attr), f"{flag} {getattr(a, attr)}"
+    device = load_device(a.device)
+    for key, text in getattr(a, "settings", None) or []:
+        if key in given:
+            raise ValidationError(f"--set {key}={text}: {key} is already set by {given[key]}; give it once.")
+        if key in HOST_KEYS[1:]:  # "name" is a topology key too
+            raise ConfigError(f"--set {key}={text}: {key} is a host key, and --set sets topology keys of the "
+                              f"device; use --handoff-us for the hand-off, or --host FILE with that {key}.")
+        overrides[key], given[key] = setting_value(key, text), f"--set {key}={text}"
+        try:
+            device = device.replace(**{key: overrides[key]})
+        except ConfigError as exc:
+            raise ConfigError(f"--set {key}={text}: {exc}") from None
+    return overrides
+
+
+def tcm_hint(a: argparse.Namespace) -> str:
+    """What ``kbwork step`` can type for a TCM large enough, to follow a TCM overflow's message: the smallest
+    power of two of bytes in which one tile of every variant asked for fits (a TCM holds what one tile
+    needs, whatever the context), in the options ``kbwork step`` has."""
+    from .. import decode
+    from ..config import MAX_TCM_BYTES
+    from .device import load_device
+    from .files import load_model
+
+    generic = " On the command line: --set tcm_bytes=N, a smaller --tile, or --device FILE with a larger tcm_bytes."
+    try:
+        m = load_model(a.model)
+        topo = load_device(a.device, **topology_overrides(a)).pe
+        now = topo.tcm_bytes
+        size = now * 2
+        while size <= MAX_TCM_BYTES:
+            try:
+                for v in a.variants:
+                    decode.run(v, kv_len=a.tile, group=m.group, head_dim=m.head_dim, tile=a.tile, mode="timing",
+                               topology=topo, steady_state=False, tcm_bytes=size)
+            except TcmOverflowError:
+                size *= 2
+                continue
+            return (f" On the command line: --set tcm_bytes={size} (now {now}), a smaller --tile, or --device FILE "
+                    f"with that tcm_bytes.")
+    except KbworkError:
+        return generic
+    return (f" No TCM kbwork allows is large enough (the largest is --set tcm_bytes={MAX_TCM_BYTES}); use a "
+            f"smaller --tile.")
 
 
 def context_list(text: str) -> tuple[int, ...]:
@@ -89,14 +160,24 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                                                               "(default ahbm-device-v1)")
     s.add_argument("--hazard-policy", default=None, choices=["strict_fifo", "rw_aware"],
                    help="PE hazard policy (default: the device's, strict_fifo)")
+    s.add_argument("--set", action="append", default=[], type=topology_setting, metavar="KEY=VALUE",
+                   dest="settings", help="set one topology key of the device, e.g. --set tcm_bytes=2097152 or "
+                                         "--set channel_bytes_per_cycle=80 (repeatable; any key of the "
+                                         "topology file)")
     s.add_argument("--json", action="store_true", help="print every case as JSON (seconds, tokens_per_s, "
                                                        "breakdown, bound)")
-    s.set_defaults(fn=cmd_step)
+    # tcm_hint: what kbwork.cli.main may add to a TCM overflow's message, in this command's own options
+    s.set_defaults(fn=cmd_step, tcm_hint=tcm_hint)
     return s
 
 
 def _contexts(a: argparse.Namespace) -> list[int]:
+    from .checks import MAX_BATCH
+
     ctx = list(a.context)
+    if a.batch is not None and a.batch > MAX_BATCH:  # before a list of that many contexts is made
+        raise ValidationError(f"--batch {a.batch}: a step takes at most {MAX_BATCH} sequences; use a smaller "
+                              f"--batch.")
     if len(ctx) == 1:
         return ctx * (a.batch or 1)
     if a.batch is not None and a.batch != len(ctx):
@@ -106,7 +187,17 @@ def _contexts(a: argparse.Namespace) -> list[int]:
 
 
 def cmd_step(a: argparse.Namespace) -> int:
-    """Run ``kbwork step`` for parsed arguments ``a``; returns the exit status (0)."""
+    """Run ``kbwork step`` for parsed arguments ``a``; returns the exit status (0).
+
+    Raises:
+        ValidationError: a ``--batch`` that does not match a ``--context`` list, or beyond what a step
+            takes (:data:`~kbwork.model.checks.MAX_BATCH` sequences, and on the device
+            :data:`~kbwork.model.checks.MAX_DEVICE_TASKS` decode tasks per layer); a key set twice.
+        ConfigError: a bad model, host, device or ``--set``.
+        TcmOverflowError: a tile whose working set does not fit in the device's TCM (:func:`tcm_hint` says
+            what to type).
+    """
+    from .checks import MAX_DEVICE_TASKS
     from .device import load_device
     from .files import load_host, load_model
     from .steps import cases, step
@@ -116,10 +207,15 @@ def cmd_step(a: argparse.Namespace) -> int:
     host = load_host(a.host)
     if a.handoff_us is not None:
         host = host.replace(handoff_us=a.handoff_us)
-    overrides = {} if a.hazard_policy is None else {"hazard_policy": a.hazard_policy}
-    device = load_device(a.device, **overrides)
+    device = load_device(a.device, **topology_overrides(a))
     placements = ("ahbm", "host") if a.placement == "both" else (a.placement,)
     todo = cases(a.variants, placements, "kbwork step")
+    tasks = len(contexts) * m.kv_heads
+    if "ahbm" in placements and tasks > MAX_DEVICE_TASKS:
+        raise ValidationError(f"a batch of {len(contexts)} x {m.kv_heads} KV heads of {m.name} is {tasks} decode "
+                              f"tasks per layer on the device; kbwork step simulates at most {MAX_DEVICE_TASKS} "
+                              f"(a batch of at most {MAX_DEVICE_TASKS // m.kv_heads} for this model). Use a smaller "
+                              f"--batch, or --placement host (the GPU alone, nothing simulated).")
     steps = [step(m, contexts, variant=v, device=device, host=host, placement=p, schedule=a.schedule, tile=a.tile)
              for v, p in todo]
     if a.json:

@@ -26,7 +26,7 @@ import pandas as pd
 from ..errors import ValidationError
 from .device import DEVICE_V1, attention_run, channel_bound_cycles, load_device
 from .files import load_model
-from .steps import _check_tile, _check_variant, check_contexts
+from .checks import _check_tile, _check_variant, check_contexts, refuse_misnamed
 from .tasks import assign_tasks
 
 COLUMNS = ["pes_per_channel", "variant", "cycles", "channel_bound_cycles", "channel_busy"]
@@ -49,12 +49,16 @@ def per_head_contention(model: Any = "llama-3-8b", context: int = 32768, *,
         the run the channel would be busy with K and V, at most 1).
 
     Raises:
-        ValidationError: a ``k`` that is not a positive int, an empty or repeated list, a bad variant.
+        ValidationError: a ``k`` that is not a positive int, an empty or repeated list, a bad variant; a
+            keyword the function sets itself or does not take (``pes=``, ``hbm_channels=``: give the k in
+            ``pes_per_channel``; ``variant=``: it takes ``variants=``; ``mode=``: timing only).
         ConfigError: a bad model, device or key.
     """
+    refuse_misnamed(overrides, "per_head_contention")
     ks = list(pes_per_channel) if isinstance(pes_per_channel, (list, tuple, range, np.ndarray)) else None
-    if not ks or len(set(ks)) != len(ks) or any(
-            isinstance(k, (bool, np.bool_)) or not isinstance(k, numbers.Integral) or k <= 0 for k in ks):
+    # the type test before set(): an entry such as a nested array is unhashable
+    if not ks or any(isinstance(k, (bool, np.bool_)) or not isinstance(k, numbers.Integral) or k <= 0
+                     for k in ks) or len(set(ks)) != len(ks):
         raise ValidationError(f"per_head_contention: pes_per_channel must be distinct positive ints, e.g. "
                               f"(1, 2, 3, 4), got {pes_per_channel!r}.")
     if isinstance(variants, str) or not isinstance(variants, (list, tuple)) or not variants:

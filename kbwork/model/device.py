@@ -12,10 +12,14 @@ included.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import numpy as np
+
 from ..config import Topology, load_topology
+from ..errors import ConfigError, ValidationError
 from .files import BYTES_PER_ELEMENT
 from .tasks import Task
 
@@ -35,6 +39,13 @@ class Device:
 
     topology: Topology
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.topology, Topology):
+            got = self.topology
+            hint = f" To load one by name, use model.load_device({got!r})." if isinstance(got, str) and got else ""
+            raise ConfigError(f"Device: topology must be a kbwork Topology (e.g. kbwork.load_topology("
+                              f"{DEVICE_V1!r})), got {got!r} (a {type(got).__name__}).{hint}")
+
     pes = property(lambda self: self.topology.pes)
     hbm_channels = property(lambda self: self.topology.hbm_channels)
     channel_bytes_per_cycle = property(lambda self: self.topology.channel_bytes_per_cycle)
@@ -52,7 +63,14 @@ class Device:
         return self.pes // self.hbm_channels
 
     def home_channel(self, pe: int) -> int:
-        """PE ``pe``'s home channel."""
+        """PE ``pe``'s home channel.
+
+        Raises:
+            ValidationError: ``pe`` not an int in ``[0, pes)``.
+        """
+        if isinstance(pe, (bool, np.bool_)) or not isinstance(pe, numbers.Integral) or not 0 <= pe < self.pes:
+            raise ValidationError(f"Device.home_channel: pe must be an int from 0 to {self.pes - 1} (the device's "
+                                  f"PEs), got {pe!r}.")
         return self.topology.home_channel(pe)
 
     @property

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import DATA_DIR
-from ..errors import ConfigError
+from ..errors import ConfigError, ValidationError
 
 MODELS_DIR = DATA_DIR / "models"
 HOSTS_DIR = DATA_DIR / "hosts"
@@ -163,7 +163,14 @@ class Model:
         return self.heads // self.kv_heads
 
     def kv_bytes(self, context: int) -> int:
-        """Bytes of K and V of one sequence of ``context`` keys in one layer (all KV heads, bf16)."""
+        """Bytes of K and V of one sequence of ``context`` keys in one layer (all KV heads, bf16).
+
+        Raises:
+            ValidationError: ``context`` not a positive int.
+        """
+        if isinstance(context, bool) or not isinstance(context, numbers.Integral) or context <= 0:
+            raise ValidationError(f"Model.kv_bytes: context must be a positive int (a KV length), got {context!r} "
+                                  f"({type(context).__name__}).")
         return 2 * self.kv_heads * int(context) * self.head_dim * BYTES_PER_ELEMENT
 
     def replace(self, **changes: Any) -> "Model":

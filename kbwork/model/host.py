@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
 
 from ..errors import ValidationError
-from .files import BYTES_PER_ELEMENT, Host, Model
+from .checks import check_contexts
+from .files import BYTES_PER_ELEMENT, Host, Model, load_host, load_model
 
 HOST_FLOPS = "host flops"
 HOST_BANDWIDTH = "host bandwidth"
@@ -66,12 +67,20 @@ class Gemm:
     bound: str
 
 
-def gemm(host: Host, rows: int, n_in: int, n_out: int, name: str = "gemm") -> Gemm:
+def gemm(host: Host | str | Any, rows: int, n_in: int, n_out: int, name: str = "gemm") -> Gemm:
     """The roofline of one bf16 GEMM of ``rows`` rows, ``n_in -> n_out``, on ``host``.
+
+    ``host`` is what :func:`~kbwork.model.load_host` takes: a Host, a host name (``"h200"``) or path, or a
+    mapping of host keys over ``h200``'s.
+
+    Returns:
+        A :class:`Gemm`.
 
     Raises:
         ValidationError: a size that is not a positive int.
+        ConfigError: a bad host (an unknown name, a bad key or value, not a host at all).
     """
+    host = load_host(host)
     for what, v in (("rows", rows), ("n_in", n_in), ("n_out", n_out)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
             raise ValidationError(f"host GEMM {name!r}: {what} must be a positive int, got {v!r}.")
@@ -94,14 +103,36 @@ def layer_shapes(model: Model) -> dict[str, tuple[int, int]]:
     }
 
 
-def layer_gemms(model: Model, host: Host, rows: int) -> dict[str, Gemm]:
-    """One layer's four GEMMs (QKV, O, FFN up, FFN down) at ``rows`` rows, in that order."""
+def layer_gemms(model: Model | str | Any, host: Host | str | Any, rows: int) -> dict[str, Gemm]:
+    """One layer's four GEMMs (QKV, O, FFN up, FFN down) at ``rows`` rows, in that order.
+
+    ``model`` and ``host`` are what :func:`~kbwork.model.load_model` and :func:`~kbwork.model.load_host`
+    take (a Model or Host, a name, a path; a host may be a mapping of host keys).
+
+    Returns:
+        ``phase -> Gemm``.
+
+    Raises:
+        ValidationError: ``rows`` not a positive int.
+        ConfigError: a bad model or host.
+    """
+    model, host = load_model(model), load_host(host)
     shapes = layer_shapes(model)
     return {name: gemm(host, rows, *shapes[name], name=name) for name in LAYER_GEMMS}
 
 
-def lm_head(model: Model, host: Host, rows: int) -> Gemm:
-    """The LM head (hidden -> vocab) at ``rows`` rows: once per step."""
+def lm_head(model: Model | str | Any, host: Host | str | Any, rows: int) -> Gemm:
+    """The LM head (hidden -> vocab) at ``rows`` rows: once per step (``model`` and ``host`` as in
+    :func:`layer_gemms`).
+
+    Returns:
+        A :class:`Gemm`.
+
+    Raises:
+        ValidationError: ``rows`` not a positive int.
+        ConfigError: a bad model or host.
+    """
+    model, host = load_model(model), load_host(host)
     return gemm(host, rows, *layer_shapes(model)[LM_HEAD], name=LM_HEAD)
 
 
@@ -160,8 +191,19 @@ class HostAttention:
     seconds: float
 
 
-def host_attention(model: Model, host: Host, contexts: Sequence[int]) -> HostAttention:
-    """One layer's decode attention over ``contexts`` (as given, unpadded) on ``host``."""
+def host_attention(model: Model | str | Any, host: Host | str | Any, contexts: Sequence[int]) -> HostAttention:
+    """One layer's decode attention over ``contexts`` (as given, unpadded) on ``host`` (``model`` and ``host``
+    as in :func:`layer_gemms`).
+
+    Returns:
+        A :class:`HostAttention`.
+
+    Raises:
+        ValidationError: ``contexts`` not a non-empty list of positive ints (one KV length per sequence).
+        ConfigError: a bad model or host.
+    """
+    model, host = load_model(model), load_host(host)
+    contexts = check_contexts(contexts, None, "model.host_attention")
     kv = sum(model.kv_bytes(c) for c in contexts)
     mean = sum(contexts) / len(contexts)
     eta = eta_attention(mean)

@@ -17,12 +17,15 @@ deterministic and can be followed by hand (DESIGN.md §15).
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
+import numpy as np
 import pandas as pd
 
-from ..errors import SimulationError
+from ..errors import SimulationError, ValidationError
 
 QKV, ATTENTION, O_FFN, LM_HEAD = "QKV", "attention", "O+FFN", "LM head"
 #: The phase order of a job's key.
@@ -101,9 +104,16 @@ def list_schedule(jobs: Sequence[Job]) -> pd.DataFrame:
     starts, among the jobs whose predecessors have all ended plus their latency, the one with the
     smallest key; repeated until nothing more can start at that instant.
 
+    Returns:
+        The timeline as a DataFrame (empty for no jobs).
+
     Raises:
+        ValidationError: ``jobs`` not a list or tuple of :class:`Job`, or a job whose name or resource is
+            not a string, whose duration or a latency is not a finite number >= 0, whose preds are not
+            ``(name, latency)`` pairs, or whose key is not a tuple comparable with the others'.
         SimulationError: duplicate or unknown job names, or jobs that can never start (a cycle).
     """
+    _check_jobs(jobs)
     index = {j.name: i for i, j in enumerate(jobs)}
     if len(index) != len(jobs):
         raise SimulationError("list_schedule: two jobs share a name.")
@@ -135,7 +145,7 @@ def list_schedule(jobs: Sequence[Job]) -> pd.DataFrame:
                 cands = [x for x in released[r] if x.ready <= t]
                 if not cands:
                     continue
-                pick = min(cands)
+                pick = _first(cands, jobs)
                 released[r].remove(pick)
                 i = pick.index
                 start[i], end[i] = t, t + jobs[i].duration
@@ -158,6 +168,54 @@ def list_schedule(jobs: Sequence[Job]) -> pd.DataFrame:
     rows = [(jobs[i].name, jobs[i].half, jobs[i].layer, jobs[i].phase, jobs[i].resource, start[i], end[i])
             for i in order]
     return pd.DataFrame(rows, columns=TIMELINE_COLUMNS)
+
+
+def _first(cands: list[_Released], jobs: Sequence[Job]) -> _Released:
+    """The candidate of the smallest key; keys that cannot be compared are a ValidationError naming two."""
+    try:
+        return min(cands)
+    except TypeError:
+        for a in cands:
+            for b in cands:
+                try:
+                    _ = a < b
+                except TypeError:
+                    raise ValidationError(
+                        f"list_schedule: the keys of jobs {jobs[a.index].name!r} ({a.key!r}) and "
+                        f"{jobs[b.index].name!r} ({b.key!r}) cannot be compared; give every job a key of the "
+                        f"same shape, e.g. (layer, half, phase) ints.") from None
+        raise
+
+
+def _is_time(v: Any) -> bool:
+    return not isinstance(v, (bool, np.bool_)) and isinstance(v, numbers.Real) and math.isfinite(v) and v >= 0
+
+
+def _check_jobs(jobs: Any) -> None:
+    """Refuse what :func:`list_schedule` cannot run, naming the job and the field."""
+    if isinstance(jobs, (str, bytes)) or not isinstance(jobs, (list, tuple)):
+        raise ValidationError(f"list_schedule: jobs must be a list or tuple of kbwork.model.Job records (e.g. "
+                              f"chain_jobs(...)), got {jobs!r} ({type(jobs).__name__}).")
+    for i, j in enumerate(jobs):
+        if not isinstance(j, Job):
+            raise ValidationError(f"list_schedule: jobs[{i}] is {j!r} ({type(j).__name__}); every job is a "
+                                  f"kbwork.model.Job(name, resource, duration, preds, key).")
+        where = f"list_schedule: job {i} ({j.name!r})"
+        if not isinstance(j.name, str) or not j.name:
+            raise ValidationError(f"{where}: name must be a non-empty string.")
+        if not isinstance(j.resource, str) or not j.resource:
+            raise ValidationError(f"{where}: resource must be a non-empty string (e.g. 'host' or 'device'), got "
+                                  f"{j.resource!r}.")
+        if not _is_time(j.duration):
+            raise ValidationError(f"{where}: duration must be a finite number of seconds >= 0, got {j.duration!r}.")
+        if not isinstance(j.preds, (list, tuple)):
+            raise ValidationError(f"{where}: preds must be a tuple of (name, latency) pairs, got {j.preds!r}.")
+        for p in j.preds:
+            if not (isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], str) and _is_time(p[1])):
+                raise ValidationError(f"{where}: preds must be (name, latency) pairs with a job's name and a "
+                                      f"finite latency >= 0 in seconds, got {p!r}.")
+        if not isinstance(j.key, tuple):
+            raise ValidationError(f"{where}: key must be a tuple (e.g. (layer, half, phase)), got {j.key!r}.")
 
 
 def serial_seconds(layers: int, c: HalfCosts) -> float:

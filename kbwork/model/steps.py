@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -18,6 +17,8 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ValidationError
+from .checks import _check_choice, _check_tile, _check_variant, check_contexts, check_device_tasks, \
+    refuse_misnamed
 from .device import DEVICE_V1, Device, attention_run, channel_bound_cycles, load_device, per_pe_cycles
 from .files import Host, Model, load_host, load_model
 from .host import HOST_BANDWIDTH, HOST_FLOPS, LAYER_GEMMS, LM_HEAD, Gemm, HostAttention, host_attention, \
@@ -35,54 +36,6 @@ NO_VARIANT = "-"
 #: The variants :func:`compare`, :func:`kbwork.model.sweep` and ``kbwork step`` run by default.
 DEFAULT_VARIANTS = ("opt2", "opt3", "a1")
 BREAKDOWN_COLUMNS = ["phase", "resource", "bound", "per_layer_us", "per_step_us"]
-
-
-# --- argument checks ---------------------------------------------------------------------------
-def _check_choice(what: str, value: Any, choices: Sequence[str], where: str) -> str:
-    if not isinstance(value, str) or value not in choices:
-        raise ValidationError(f"{where}: {what} {value!r} is unknown; use one of {', '.join(map(repr, choices))}.")
-    return value
-
-
-def _check_variant(variant: Any, where: str) -> str:
-    from ..kernels.gqa_decode import VARIANTS
-
-    return _check_choice("decode variant", variant, tuple(VARIANTS), where)
-
-
-def _check_tile(tile: Any, where: str) -> int:
-    if isinstance(tile, (bool, np.bool_)) or not isinstance(tile, numbers.Integral) or tile <= 0:
-        raise ValidationError(f"{where}: tile must be a positive int (the decode tile and the padding unit), "
-                              f"got {tile!r} ({type(tile).__name__}); e.g. tile=128.")
-    return int(tile)
-
-
-def check_contexts(contexts: Any, tile: int, where: str = "model.step") -> tuple[int, ...]:
-    """``contexts`` as a tuple of ints, or a ValidationError naming the bad entry and the fix."""
-    from ..decode import MAX_TILES
-
-    if isinstance(contexts, np.ndarray) and contexts.ndim != 1:
-        raise ValidationError(f"{where}: contexts must be one-dimensional (one KV length per sequence), got an "
-                              f"array of shape {contexts.shape}.")
-    if isinstance(contexts, (str, bytes)) or not isinstance(contexts, (list, tuple, range, np.ndarray)):
-        raise ValidationError(f"{where}: contexts must be a list of KV lengths, one per sequence of the batch "
-                              f"(e.g. [8192] * 16 for a batch of 16 at 8k), got {contexts!r} "
-                              f"({type(contexts).__name__}).")
-    if len(contexts) == 0:
-        raise ValidationError(f"{where}: contexts is empty; give one KV length per sequence (e.g. [8192]).")
-    out = []
-    for i, c in enumerate(contexts):
-        if isinstance(c, (bool, np.bool_)) or not isinstance(c, numbers.Integral):
-            raise ValidationError(f"{where}: contexts[{i}] is {c!r} ({type(c).__name__}); every context is a "
-                                  f"positive int (the KV length, the new token included).")
-        if c <= 0:
-            raise ValidationError(f"{where}: contexts[{i}] is {c}; every context is a positive int (the KV length, "
-                                  f"the new token included).")
-        if -(-int(c) // tile) > MAX_TILES:
-            raise ValidationError(f"{where}: contexts[{i}] = {c} is {-(-int(c) // tile)} tiles of {tile}; a decode "
-                                  f"task simulates at most {MAX_TILES}. Use a larger tile or a shorter context.")
-        out.append(int(c))
-    return tuple(out)
 
 
 # --- records -----------------------------------------------------------------------------------
@@ -312,10 +265,14 @@ def step(model: str | Model, contexts: Sequence[int], *, variant: str = "opt2", 
         A :class:`Step`.
 
     Raises:
-        ValidationError: bad contexts, variant, placement, schedule or tile.
+        ValidationError: bad contexts, variant, placement, schedule or tile; a batch beyond
+            :data:`~kbwork.model.checks.MAX_BATCH` sequences or, on the device, beyond
+            :data:`~kbwork.model.checks.MAX_DEVICE_TASKS` decode tasks per layer; a keyword that is not
+            ``step``'s (``mode=``: a step is timing-only; ``variants=``, ``placements=``: ``compare``'s).
         ConfigError: a bad model, host, device or key.
     """
     where = "model.step"
+    refuse_misnamed(overrides, where)
     m = load_model(model)
     h = load_host(host)
     variant = _check_variant(variant, where)
@@ -323,6 +280,8 @@ def step(model: str | Model, contexts: Sequence[int], *, variant: str = "opt2", 
     schedule = _check_choice("schedule", schedule, SCHEDULES, where)
     tile = _check_tile(tile, where)
     ctx = check_contexts(contexts, tile, where)
+    if placement == AHBM:
+        check_device_tasks(len(ctx), m.kv_heads, where)
     dev = load_device(device, **overrides)
     notes: list[str] = []
     halves: list[_Half] = []
@@ -408,11 +367,16 @@ def compare(model: str | Model, contexts: Sequence[int], *, variants: Sequence[s
 
     Raises:
         The errors of :func:`step`, and a ValidationError for an empty, repeated or unknown variant or
-        placement; all before anything is simulated.
+        placement, or a keyword that is not ``compare``'s (``variant=``, ``placement=``: it takes
+        ``variants=`` and ``placements=``; ``mode=``: a step is timing-only); all before anything is
+        simulated.
     """
+    refuse_misnamed(overrides, "model.compare")
     todo = cases(variants, placements, "model.compare")
     tile = _check_tile(tile, "model.compare")
-    check_contexts(contexts, tile, "model.compare")
+    ctx = check_contexts(contexts, tile, "model.compare")
+    if any(p == AHBM for _, p in todo):
+        check_device_tasks(len(ctx), load_model(model).kv_heads, "model.compare")
     load_device(device, **dict(overrides))
     rows = [compare_row(step(model, contexts, variant=v, device=device, host=host, placement=p, schedule=schedule,
                              tile=tile, **overrides)) for v, p in todo]

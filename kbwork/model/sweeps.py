@@ -20,8 +20,9 @@ import numpy as np
 import pandas as pd
 
 from ..config import Topology
-from ..errors import ConfigError, ValidationError
+from ..errors import ConfigError, KbworkError, ValidationError
 from ..sweepfile import SweepFile
+from .checks import check_batch, check_device_tasks, refuse_misnamed
 from .device import DEVICE_KEYS, DEVICE_V1, load_device
 from .files import HOST_KEYS, load_host, load_model
 from .schedule import SCHEDULES
@@ -83,16 +84,22 @@ def sweep(*, variants: Sequence[str] = DEFAULT_VARIANTS, placements: Sequence[st
     Returns:
         One row per (point, case): the axis values (``model``, ``batch``, ``context`` first), then
         ``variant`` (``"-"`` for the host), ``placement``, ``schedule``, ``seconds``, ``tokens_per_s``,
-        ``attention_us_per_layer``, ``bound_kind``, ``bound``.
+        ``attention_us_per_layer``, ``bound_kind``, ``bound``. Its ``attrs`` record the host and the
+        device the steps ran on (``"host"``: the host keys, ``"device"``: every topology key, before the
+        swept axes), so :func:`~kbwork.model.with_bounds` and ``plots.tokens_per_s`` draw that device's bound.
 
     Raises:
-        ValidationError: an unknown axis, an axis without values, a value of the wrong type (naming the
-            axis), a bad variant, placement or schedule, shared channels, a bad ``out`` (or one that exists
-            without ``resume=True``, or holds another sweep); all before the first point runs.
+        ValidationError: an unknown axis (``variant=``, ``placement=``, ``schedule=`` and ``mode=`` say what
+            the sweep takes instead), an axis without values, a value of the wrong type (naming the axis), a
+            batch beyond :data:`~kbwork.model.checks.MAX_BATCH` or, on the device, beyond
+            :data:`~kbwork.model.checks.MAX_DEVICE_TASKS` tasks per layer, a bad variant, placement or
+            schedule, shared channels, a bad ``out`` (or one that exists without ``resume=True``, or holds
+            another sweep); all before the first point runs.
         ConfigError: a bad model, host, device or key value.
     """
     from .. import parallel
 
+    refuse_misnamed(axes, "sweep")
     unknown = [a for a in axes if a not in SWEEP_AXES]
     if unknown:
         raise ValidationError(f"sweep: unknown axis {', '.join(unknown)}; axes are {', '.join(SWEEP_AXES)}.")
@@ -131,7 +138,44 @@ def sweep(*, variants: Sequence[str] = DEFAULT_VARIANTS, placements: Sequence[st
                        on_result=finished)
     if log is not None:
         log.rewrite(rows_of)
-    return pd.DataFrame([row for i in range(len(points)) for row in rows_of[i]], columns=[*names, *METRICS])
+    df = pd.DataFrame([row for i in range(len(points)) for row in rows_of[i]], columns=[*names, *METRICS])
+    record_setup(df, base_host, base_device)
+    return df
+
+
+#: The keys of a sweep frame's ``attrs`` that record the host and the device its steps ran on (before the
+#: swept axes, which are columns).
+SETUP_ATTRS = ("host", "device")
+
+
+def record_setup(frame: pd.DataFrame, host: Any, device: Any) -> None:
+    """Record ``host`` and ``device`` in ``frame.attrs`` (``"host"``: the host keys, ``"device"``: every
+    topology key), as plain JSON values: pandas keeps them through selections and through ``pd.concat`` of
+    frames that record the same, and ``to_parquet`` stores them."""
+    frame.attrs["host"] = load_host(host).to_dict()
+    frame.attrs["device"] = load_device(device).topology.to_dict()
+
+
+def recorded_setup(frame: Any, where: str) -> tuple[Any, Any]:
+    """The host and device a sweep frame records (:func:`record_setup`), each ``None`` when it records
+    none (a frame built by hand, read from a CSV, or concatenated from sweeps of different setups).
+
+    Raises:
+        ValidationError: a record that is not a valid host or device (naming the attribute).
+    """
+    from ..config import Topology
+
+    attrs = getattr(frame, "attrs", None) or {}
+    host = device = None
+    try:
+        if attrs.get("host") is not None:
+            host = load_host(dict(attrs["host"]))
+        if attrs.get("device") is not None:
+            device = load_device(Topology().replace(**dict(attrs["device"])))
+    except (KbworkError, TypeError, ValueError) as exc:
+        raise ValidationError(f"{where}: the frame's attrs record no valid host and device ({exc}); drop "
+                              f"frame.attrs['host'] and frame.attrs['device'] and pass host= and device=.") from None
+    return host, device
 
 
 def _check_axis_value(name: str, val: Any, base_host: Any, base_device: Any) -> None:
@@ -140,6 +184,8 @@ def _check_axis_value(name: str, val: Any, base_host: Any, base_device: Any) -> 
             load_model(val)
         elif name in ("batch", "context", "tile"):
             _positive_int(name, val)
+            if name == "batch":
+                check_batch(int(val), "sweep", "axis 'batch'")
         elif name in _HOST_AXES:
             base_host.replace(**{name: val})
         elif name in ("pes", "hbm_channels"):  # alone here; against each other per point
@@ -158,6 +204,8 @@ def _point_config(point: dict, base_host: Any, base_device: Any, on_device: bool
     tile = point.get("tile", 128)
     _check_tile(tile, "sweep")
     check_contexts([point["context"]], tile, "sweep")
+    if on_device:
+        check_device_tasks(point["batch"], load_model(point["model"]).kv_heads, "sweep")
     h = base_host.replace(**host_keys) if host_keys else base_host
     d = load_device(base_device, **dev_keys)
     return h, d, dev_keys

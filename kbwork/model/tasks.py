@@ -14,6 +14,8 @@ from typing import Sequence
 
 import pandas as pd
 
+from .checks import _check_tile, check_contexts, check_count
+
 
 @dataclass(frozen=True, slots=True)
 class Task:
@@ -43,7 +45,21 @@ def assign_tasks(contexts: Sequence[int], *, kv_heads: int, pes: int, tile: int,
 
     ``first_sequence`` is the batch index of ``contexts[0]`` (the second half of a
     ping-pong batch starts there); the mapping itself always starts at PE 0.
+
+    Returns:
+        One :class:`Task` per (sequence, KV head), in that order (none for an empty ``contexts``).
+
+    Raises:
+        ValidationError: a ``tile``, ``kv_heads`` or ``pes`` that is not a positive int, a
+            ``first_sequence`` that is not a non-negative int, or bad ``contexts`` (not a list of positive
+            ints, or a context beyond the tile limit).
     """
+    where = "model.assign_tasks"
+    tile = _check_tile(tile, where)
+    kv_heads = check_count("kv_heads", kv_heads, where, "kv_heads=8 (the model's KV heads)")
+    pes = check_count("pes", pes, where, "pes=96 (the device's PEs)")
+    first_sequence = check_count("first_sequence", first_sequence, where, "first_sequence=0", least=0)
+    contexts = check_contexts(contexts, tile, where, allow_empty=True)
     tasks = []
     for s, context in enumerate(contexts):
         p = padded(context, tile)
@@ -66,7 +82,14 @@ class Padding:
 
     @classmethod
     def of(cls, contexts: Sequence[int], tile: int) -> "Padding":
-        """The padding of ``contexts`` at ``tile``."""
+        """The padding of ``contexts`` at ``tile``.
+
+        Raises:
+            ValidationError: a ``tile`` that is not a positive int, or ``contexts`` not a non-empty list of
+                positive ints.
+        """
+        tile = _check_tile(tile, "model.Padding.of")
+        contexts = check_contexts(contexts, None, "model.Padding.of")
         return cls(int(tile), tuple(int(c) for c in contexts), tuple(padded(c, tile) for c in contexts))
 
     @property

@@ -24,6 +24,7 @@ from ..errors import ValidationError
 from ..model.bounds import BOUND_KINDS, bound_kind_of, physical_bound
 from ..model.device import DEVICE_V1, load_device
 from ..model.files import load_host, load_model
+from ..model.sweeps import recorded_setup
 from . import VALUE_WORDS, VARIANT_COLORS, _variant_colors
 
 #: The GPU alone's colour.
@@ -37,6 +38,10 @@ BOUND_FORMULAS = {"host": "(weights + KV) / host bw", "ahbm_serial": "weights / 
 #: The x axes the tokens/s plots know, in words.
 X_WORDS = {"context": "context (k tokens, log scale)", "batch": "batch (sequences, log scale)"}
 _NEED = ("model", "batch", "context", "variant", "placement", "schedule", "tokens_per_s")
+#: The host and device keys the physical bound depends on (``pes`` too: it is checked against
+#: ``hbm_channels``); as columns of a sweep, one value each is applied over the sweep's host and device.
+_BOUND_HOST_KEYS = ("peak_tflops_bf16", "hbm_tb_s")
+_BOUND_DEVICE_KEYS = ("clock_ghz", "pes", "hbm_channels", "channel_bytes_per_cycle")
 
 
 def case_label(variant: str, placement: str, schedule: str) -> str:
@@ -77,6 +82,27 @@ def _one(sweep: pd.DataFrame, col: str, where: str, fix: str) -> Any:
     return vals[0]
 
 
+def _setup(sweep: pd.DataFrame, host: Any, device: Any, where: str, skip: tuple[str, ...] = ()) -> tuple[Any, Any]:
+    """The host and device whose bound is drawn: those given, else those the sweep records in its
+    ``attrs`` (a host neither given nor recorded is ``h200``; a device must be known), with the swept
+    bound keys applied (one value each; a column in ``skip`` is left to each panel)."""
+    rec_host, rec_device = recorded_setup(sweep, where)
+    if device is None:
+        device = rec_device
+    if device is None:
+        raise ValidationError(f"{where}: the frame does not record the device its steps ran on (model.sweep "
+                              f"records it in frame.attrs; a frame built by hand or read from a CSV does not, nor "
+                              f"a concat of sweeps on different devices), so the bound would be a guess. Pass "
+                              f"the sweep's device, e.g. device={DEVICE_V1!r} or device=model.load_device(...), "
+                              f"and its host= if it is not 'h200'.")
+    h = load_host(host if host is not None else rec_host)
+    d = load_device(device)
+    fix = "the bound differs between them; select one first."
+    host_keys = {k: _one(sweep, k, where, fix) for k in _BOUND_HOST_KEYS if k in sweep.columns and k not in skip}
+    dev_keys = {k: _one(sweep, k, where, fix) for k in _BOUND_DEVICE_KEYS if k in sweep.columns and k not in skip}
+    return (h.replace(**host_keys) if host_keys else h), load_device(d, **dev_keys)
+
+
 def _log2_x(ax: plt.Axes, x: str, values: Iterable[float]) -> None:
     vals = sorted(set(float(v) for v in values))
     ax.set_xscale("log", base=2)
@@ -115,16 +141,19 @@ def _bound_curves(model: str, x: str, xs: np.ndarray, other: int, kinds: list[st
     return out
 
 
-def tokens_per_s(sweep: pd.DataFrame, x: str = "context", *, ax: plt.Axes | None = None, host: Any = "h200",
-                 device: Any = DEVICE_V1, bounds: bool = True, legend: bool = True,
+def tokens_per_s(sweep: pd.DataFrame, x: str = "context", *, ax: plt.Axes | None = None, host: Any = None,
+                 device: Any = None, bounds: bool = True, legend: bool = True,
                  title: str | None = None) -> plt.Axes:
     """Tokens per second of every case against ``x`` (``"context"`` or ``"batch"``), with the physical bounds.
 
     ``sweep`` is :func:`kbwork.model.sweep` rows (or the same columns) of one model at one value of the
     other axis: one line per case (variant, placement, schedule), the GPU alone in black, ping-pong
     dashed. ``bounds=True`` draws, behind them, the most tokens/s each case's placement and schedule
-    allow physically (:func:`kbwork.model.physical_bound` at ``host`` and ``device``, which should be
-    the sweep's; every sequence at the row's context):
+    allow physically (:func:`kbwork.model.physical_bound` at the sweep's host and device; every sequence at
+    the row's context). ``device`` and ``host`` default to the ones the sweep records in its ``attrs``
+    (:func:`kbwork.model.sweep` does; a host it does not record is ``h200``), with a swept bound key
+    (``hbm_tb_s``, ``peak_tflops_bf16``, ``clock_ghz``, ``pes``, ``hbm_channels``,
+    ``channel_bytes_per_cycle``: one value in the rows) applied over them; given, they are used instead:
 
     * H200 alone: ``batch / max((weight + KV bytes) / host bandwidth, GEMM FLOPs / host peak)``;
     * AHBM, serial: ``batch / (max(weight bytes / host bandwidth, GEMM FLOPs / host peak)
@@ -141,8 +170,10 @@ def tokens_per_s(sweep: pd.DataFrame, x: str = "context", *, ax: plt.Axes | None
         tokens/s on a log scale.
 
     Raises:
-        ValidationError: a bad ``x``, a frame without the sweep's columns, or rows of several models or of
-            several values of the other axis (select one first).
+        ValidationError: a bad ``x``, a frame without the sweep's columns, rows of several models, of
+            several values of the other axis or of a swept bound key (select one first); with
+            ``bounds=True``, no ``device=`` given and none recorded in the frame.
+        ConfigError: a bad host or device.
     """
     where = "plots.tokens_per_s"
     if x not in X_WORDS:
@@ -152,6 +183,8 @@ def tokens_per_s(sweep: pd.DataFrame, x: str = "context", *, ax: plt.Axes | None
     model = _one(sweep, "model", where, "select one, e.g. sweep[sweep.model == 'llama-3-8b'].")
     other = int(_one(sweep, other_col, where, f"select one, e.g. sweep[sweep.{other_col} == "
                                               f"{int(sweep[other_col].iloc[0])}]."))
+    if bounds:
+        host, device = _setup(sweep, host, device, where)
     if ax is None:
         _, ax = plt.subplots(figsize=(7.5, 4.6), layout="constrained")
     keys = list(dict.fromkeys(zip(sweep["placement"], sweep["variant"], sweep["schedule"])))
@@ -198,20 +231,26 @@ def tokens_per_s(sweep: pd.DataFrame, x: str = "context", *, ax: plt.Axes | None
     return ax
 
 
-def tokens_per_s_grid(sweep: pd.DataFrame, x: str = "context", *, facet: str = "model", host: Any = "h200",
-                      device: Any = DEVICE_V1, bounds: bool = True, title: str | None = None) -> plt.Figure:
+def tokens_per_s_grid(sweep: pd.DataFrame, x: str = "context", *, facet: str = "model", host: Any = None,
+                      device: Any = None, bounds: bool = True, title: str | None = None) -> plt.Figure:
     """:func:`tokens_per_s` once per value of ``facet`` (default: one panel per model), side by side, with one
-    legend below them and a title naming the device and the host (:func:`setup_text`).
+    legend below them and a title naming the device and the host (:func:`setup_text`); ``host`` and
+    ``device`` as in :func:`tokens_per_s` (by default the sweep's own).
 
     Returns:
         The Figure.
 
     Raises:
         ValidationError: as :func:`tokens_per_s`, or ``facet`` not a column.
+        ConfigError: a bad host or device.
     """
-    sweep = _check_sweep(sweep, "plots.tokens_per_s_grid")
+    where = "plots.tokens_per_s_grid"
+    sweep = _check_sweep(sweep, where)
     if facet not in sweep.columns:
         raise ValidationError(f"plots.tokens_per_s_grid: no column {facet!r} to facet by.")
+    if bounds or title is None:
+        # the facet's own values (a swept channel_bytes_per_cycle, say) are applied panel by panel
+        host, device = _setup(sweep, host, device, where, skip=(facet,))
     values = list(dict.fromkeys(sweep[facet]))
     fig, axes = plt.subplots(1, len(values), figsize=(6.2 * len(values), 4.9), layout="constrained",
                              squeeze=False)
