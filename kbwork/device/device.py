@@ -276,6 +276,8 @@ def group_key(group: Sequence[int], programs: dict[int, Sequence[Program]], tens
     tensor_ids: dict[int, int] = {}
     tensor_names: list[str] = []  # every name a replica renames, in the order met: HBM tensors and names made from them
     hbm_names: list[str] = []     # the HBM tensors, by relative id
+    hbm_ids: dict[str, int] = {}  # and their relative ids by name
+    named: set[str] = set()       # what tensor_names holds (a group may name thousands)
     channel_ids: dict[int, int] = {}
     import bisect
 
@@ -294,12 +296,15 @@ def group_key(group: Sequence[int], programs: dict[int, Sequence[Program]], tens
         if h.space is Space.TCM:
             name: Any = h.name
             base_name = name.split("[", 1)[0]
-            for tid, tname in enumerate(hbm_names):  # "K0_tcm": a TCM name made from a tensor's, renamed with it
-                if base_name.startswith(tname) and base_name != tname:
-                    if base_name not in tensor_names:
-                        tensor_names.append(base_name)
-                    name = ("from", tid, name[len(tname):])
-                    break
+            # "K0_tcm": a TCM name made from a tensor's, renamed with it -- from the first tensor met whose name
+            # is a proper prefix (looked up prefix by prefix: a group may hold thousands of tensors)
+            tids = [t for t in (hbm_ids.get(base_name[:k]) for k in range(1, len(base_name))) if t is not None]
+            if tids:
+                tid = min(tids)
+                if base_name not in named:
+                    named.add(base_name)
+                    tensor_names.append(base_name)
+                name = ("from", tid, name[len(hbm_names[tid]):])
             base = (0, h.addr, h.shape, h.dtype, h.pinned, name)
         else:
             i = bisect.bisect_right(starts, h.addr) - 1
@@ -310,8 +315,10 @@ def group_key(group: Sequence[int], programs: dict[int, Sequence[Program]], tens
             tid = tensor_ids.get(t.addr)
             if tid is None:
                 tid = tensor_ids[t.addr] = len(tensor_ids)
+                named.add(t.name)
                 tensor_names.append(t.name)
                 hbm_names.append(t.name)
+                hbm_ids.setdefault(t.name, tid)
             cid = channel_ids.setdefault(h.channel, len(channel_ids))
             base = (1, tid, h.addr - t.addr, h.shape, h.dtype, h.pinned, cid, h.channel in shared,
                     h.name[len(t.name):] if h.name.startswith(t.name) else None)
