@@ -19,10 +19,10 @@ from ..errors import ValidationError
 #: and far beyond any batch an H200's memory holds the KV cache of.
 MAX_BATCH = 1 << 20
 #: The most decode tasks (sequences x KV heads) one layer's attention simulates on the device. A task's
-#: tiles cost little (the steady state), but each task is a kernel launch of its own, and the cost grows
-#: faster than the count: 2**15 tasks take about 2 minutes and 2 GB, 2**16 about 8 minutes and 4 GB
-#: (measured: llama-3-8b at batch 4096 and 8192, one tile each). The bound lets the slowest of those run
-#: and refuses what would take many times longer (a batch typed with a digit too many).
+#: tiles cost little (the steady state), but each task is a kernel launch of its own, traced and laid out:
+#: 2**15 tasks take about a minute, 2**16 about two minutes and 3.8 GB (measured: llama-3-8b at batch
+#: 4096 and 8192, context 128). The bound refuses what would take much longer and more memory (a batch
+#: typed with a digit too many).
 MAX_DEVICE_TASKS = 1 << 16
 
 
