@@ -83,20 +83,13 @@ def _one(sweep: pd.DataFrame, col: str, where: str, fix: str) -> Any:
 
 
 def _setup(sweep: pd.DataFrame, host: Any, device: Any, where: str, skip: tuple[str, ...] = ()) -> tuple[Any, Any]:
-    """The host and device whose bound is drawn: those given, else those the sweep records in its
-    ``attrs`` (a host neither given nor recorded is ``h200``; a device must be known), with the swept
-    bound keys applied (one value each; a column in ``skip`` is left to each panel)."""
+    """The host and device whose bound is drawn: those given, else those the sweep records in its ``attrs``,
+    else ``h200`` and ``ahbm-device-v1`` (a frame built by hand, read from a CSV, or a concat of sweeps on
+    different setups records none), with the swept bound keys applied (one value each; a column in ``skip``
+    is left to each panel)."""
     rec_host, rec_device = recorded_setup(sweep, where)
-    if device is None:
-        device = rec_device
-    if device is None:
-        raise ValidationError(f"{where}: the frame does not record the device its steps ran on (model.sweep "
-                              f"records it in frame.attrs; a frame built by hand or read from a CSV does not, nor "
-                              f"a concat of sweeps on different devices), so the bound would be a guess. Pass "
-                              f"the sweep's device, e.g. device={DEVICE_V1!r} or device=model.load_device(...), "
-                              f"and its host= if it is not 'h200'.")
-    h = load_host(host if host is not None else rec_host)
-    d = load_device(device)
+    h = load_host(host if host is not None else rec_host if rec_host is not None else "h200")
+    d = load_device(device if device is not None else rec_device if rec_device is not None else DEVICE_V1)
     fix = "the bound differs between them; select one first."
     host_keys = {k: _one(sweep, k, where, fix) for k in _BOUND_HOST_KEYS if k in sweep.columns and k not in skip}
     dev_keys = {k: _one(sweep, k, where, fix) for k in _BOUND_DEVICE_KEYS if k in sweep.columns and k not in skip}
@@ -151,7 +144,8 @@ def tokens_per_s(sweep: pd.DataFrame, x: str = "context", *, ax: plt.Axes | None
     dashed. ``bounds=True`` draws, behind them, the most tokens/s each case's placement and schedule
     allow physically (:func:`kbwork.model.physical_bound` at the sweep's host and device; every sequence at
     the row's context). ``device`` and ``host`` default to the ones the sweep records in its ``attrs``
-    (:func:`kbwork.model.sweep` does; a host it does not record is ``h200``), with a swept bound key
+    (:func:`kbwork.model.sweep` does; a frame that records none is drawn at ``ahbm-device-v1`` and
+    ``h200``), with a swept bound key
     (``hbm_tb_s``, ``peak_tflops_bf16``, ``clock_ghz``, ``pes``, ``hbm_channels``,
     ``channel_bytes_per_cycle``: one value in the rows) applied over them; given, they are used instead:
 
@@ -171,8 +165,7 @@ def tokens_per_s(sweep: pd.DataFrame, x: str = "context", *, ax: plt.Axes | None
 
     Raises:
         ValidationError: a bad ``x``, a frame without the sweep's columns, rows of several models, of
-            several values of the other axis or of a swept bound key (select one first); with
-            ``bounds=True``, no ``device=`` given and none recorded in the frame.
+            several values of the other axis or of a swept bound key (select one first).
         ConfigError: a bad host or device.
     """
     where = "plots.tokens_per_s"
