@@ -234,6 +234,9 @@ def test_good_values_of_the_checked_arguments_still_draw(ctx):
     assert ax.get_gid() == "utilization"
     assert plots.gantt_or_utilization(ol, window=plots.tile_window(ol, [1]), legend=False).get_gid() == "gantt"
     plots.cycles_bars(ctx.sweep, group="kv_len", baseline="opt3", order=[512, 256])
+    no_opt2 = ctx.sweep[ctx.sweep.variant != "opt2"]   # no baseline named: opt2's ratios when it is there
+    labels = [t.get_text() for t in plots.cycles_bars(no_opt2, group="kv_len").get_xticklabels()]
+    assert labels and not any("/" in t for t in labels)
     plots.scaling(ctx.sweep, baseline="opt3")
     plots.scaling(ctx.sweep, kind="cycles", baseline="anything: cycles divide by nothing")
     plots.gate_map(ctx.grid, threshold=np.float64(1.5))

@@ -1586,7 +1586,7 @@ def winner_map(table: pd.DataFrame, *, row: str, col: str, facet_row: str | Iter
 
 
 def cycles_bars(sweep_df: pd.DataFrame, group: str = "hazard_policy", ax: plt.Axes | None = None, *,
-                order: Iterable[Any] | None = None, baseline: str = "opt2", title: str | None = None) -> plt.Axes:
+                order: Iterable[Any] | None = None, baseline: str | None = None, title: str | None = None) -> plt.Axes:
     """Grouped bars of end-to-end cycles: one group per value of ``group``, one bar per variant.
 
     Args:
@@ -1594,14 +1594,16 @@ def cycles_bars(sweep_df: pd.DataFrame, group: str = "hazard_policy", ax: plt.Ax
         group: the sweep column to group by.
         order: the groups' order; for ``hazard_policy`` the default is the
             topology's default policy first (strict FIFO, then rw_aware).
-        baseline: each group is labelled with every other variant's cycles over this one's.
+        baseline: each group is labelled with every other variant's cycles over this one's; None: opt2's when
+            the sweep has it (else no ratio labels).
 
     Returns:
         The Axes; every bar is labelled with its cycles.
 
     Raises:
         ValidationError: ``sweep_df`` is not a non-empty sweep, ``group`` is not a column, ``order`` is not
-            an iterable of exactly the groups, ``baseline`` is not in the sweep, or ``ax`` is not an Axes.
+            an iterable of exactly the groups, a ``baseline`` given that is not in the sweep, or ``ax`` is not an
+            Axes.
     """
     from ..config import HAZARD_POLICIES
 
@@ -1612,7 +1614,10 @@ def cycles_bars(sweep_df: pd.DataFrame, group: str = "hazard_policy", ax: plt.Ax
     _check_column_name(group, "group", where)
     if group not in sweep_df.columns:
         raise ValidationError(f"cycles_bars: no column {group!r} in the sweep.")
-    _check_baseline(sweep_df, baseline, where)
+    if baseline is not None:
+        _check_baseline(sweep_df, baseline, where)
+    else:
+        baseline = "opt2"  # labelled when present, as before a baseline could be named
     _check_ax(ax, where)
     present = list(dict.fromkeys(sweep_df[group]))
     if order is None:
