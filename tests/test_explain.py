@@ -144,6 +144,8 @@ def test_explain_all_tables_and_json(strict, rw):
         analysis.explain(strict.opt2.op_log)
     with pytest.raises(ValidationError, match="saturated"):
         analysis.explain(strict.opt2, saturated=0)
+    with pytest.raises(ValidationError, match=r"explain: name=5 must be text"):
+        analysis.explain(strict.opt2, name=5)
     with pytest.raises(ValidationError, match="explain_all takes"):
         analysis.explain_all([strict.opt2])
     with pytest.raises(ValidationError, match="by="):

@@ -862,11 +862,14 @@ def explain(run_or_decode_run: Any, name: str | None = None, *, top: int = 5,
         channels the sentence names, ascending; empty below ``contended``).
 
     Raises:
-        ValidationError: not a run, or a bad ``top``, ``saturated`` or ``contended``.
+        ValidationError: not a run, or a bad ``name``, ``top``, ``saturated`` or ``contended``.
     """
     run = _run_of(run_or_decode_run)
     if run is None:
         raise ValidationError(f"explain takes a Run or a decode.DecodeRun, not {type(run_or_decode_run).__name__}.")
+    if name is not None and not isinstance(name, str):
+        raise ValidationError(f"explain: name={name!r} must be text (what the report calls the run), or None for "
+                              f"the variant's name.")
     if isinstance(saturated, bool) or not isinstance(saturated, numbers.Real) or not 0 < saturated <= 1:
         raise ValidationError(f"explain: saturated={saturated!r}; pass a busy fraction in (0, 1].")
     if isinstance(contended, bool) or not isinstance(contended, numbers.Real) or not 0 < contended <= 1:
