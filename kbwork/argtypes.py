@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 from typing import Callable
 
 
@@ -65,3 +66,13 @@ def topology_setting(text: str) -> tuple[str, str]:
 
 
 topology_setting.__name__ = "key=value"
+
+
+def file_path(text: str) -> Path:
+    """An argparse type: a non-empty path (``Path("")`` would be the current directory, ``.``)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a file path, got {text!r}")
+    return Path(text)
+
+
+file_path.__name__ = "path"

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from . import atomic
-from .argtypes import float_range, int_range, nonnegative_int, positive_int, topology_setting
+from .argtypes import file_path, float_range, int_range, nonnegative_int, positive_int, topology_setting
 from .config import FLOAT_RANGES, MAX_INT, MAX_TCM_BYTES, Topology, load_topology, setting_value
 from .errors import ConfigError, KbworkError, TcmOverflowError, ValidationError
 
@@ -580,7 +580,7 @@ def build_parser() -> argparse.ArgumentParser:
                         f"(default {','.join(DEFAULT_VARIANTS)})")
     _sim_options(c)
     c.add_argument("--json", action="store_true", help="print the comparison as JSON")
-    c.add_argument("--gantt", type=Path, help="write a side-by-side Gantt of a few tiles to this .png file")
+    c.add_argument("--gantt", type=file_path, help="write a side-by-side Gantt of a few tiles to this .png file")
     c.add_argument("--gantt-tiles", type=gantt_tiles, default=None,
                    help=f"tiles shown in --gantt, at most the run's tiles, or 'all' (default {GANTT_TILES})")
     c.set_defaults(fn=cmd_compare)
@@ -591,7 +591,7 @@ def build_parser() -> argparse.ArgumentParser:
                         f"(default {','.join(DEFAULT_VARIANTS)})")
     _sim_options(x, mode="timing")
     x.add_argument("--json", action="store_true", help="print the explanations as JSON")
-    x.add_argument("--png", type=Path, help="write the critical-path attribution bar charts to this .png file")
+    x.add_argument("--png", type=file_path, help="write the critical-path attribution bar charts to this .png file")
     x.add_argument("--top", type=int_range(1, 100), default=5, help="how many of the largest waits to list (default 5)")
     x.set_defaults(fn=cmd_explain)
 
@@ -599,10 +599,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--variant", required=True, choices=list(VARIANTS),
                    help="the decode variant to simulate: " + "; ".join(about(v) for v in VARIANTS))
     _sim_options(r)
-    r.add_argument("--oplog", type=Path, help="write the op_log CSV to this .csv file")
-    r.add_argument("--npz", type=Path, help="write inputs q, k, v and final m, l, O to this .npz file (data mode)")
-    r.add_argument("--trace", type=Path, help="write a Perfetto/Chrome-trace JSON to this .json file")
-    r.add_argument("--gantt", type=Path, help="write a Gantt of the first tiles to this .png file (utilisation "
+    r.add_argument("--oplog", type=file_path, help="write the op_log CSV to this .csv file")
+    r.add_argument("--npz", type=file_path, help="write inputs q, k, v and final m, l, O to this .npz file (data mode)")
+    r.add_argument("--trace", type=file_path, help="write a Perfetto/Chrome-trace JSON to this .json file")
+    r.add_argument("--gantt", type=file_path, help="write a Gantt of the first tiles to this .png file (utilisation "
                                               "over time when they hold more stages than the image has pixels)")
     r.add_argument("--gantt-tiles", type=gantt_tiles, default=None,
                    help=f"tiles shown in --gantt, at most the run's tiles, or 'all' (default {GANTT_TILES})")
