@@ -13,6 +13,7 @@ coincide and are drawn as one).
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any, Iterable
 
 import matplotlib.pyplot as plt
@@ -252,10 +253,13 @@ def tokens_per_s_grid(sweep: pd.DataFrame, x: str = "context", *, facet: str = "
         tokens_per_s(sweep[sweep[facet] == v], x, ax=ax, host=host, device=device, bounds=bounds, legend=False)
         for h, lab in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(lab, h)
-    fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncols=min(3, len(handles)),
-               fontsize=8, frameon=False)
-    fig.suptitle(title if title is not None else f"Decode tokens/s against {x}: {setup_text(host, device)}",
-                 x=0.01, ha="left", fontsize=10.5)
+    width_in = fig.get_figwidth()
+    # as many legend columns and title characters as the width holds: the bound labels are long, and one
+    # panel alone is narrow (a legend of three columns or a one-line title ran off both edges)
+    fig.legend(list(handles.values()), list(handles), loc="outside lower center",
+               ncols=max(1, min(3, len(handles), int(width_in // 4.4))), fontsize=8, frameon=False)
+    text = title if title is not None else f"Decode tokens/s against {x}: {setup_text(host, device)}"
+    fig.suptitle(textwrap.fill(text, width=int(width_in * 12.5)), x=0.01, ha="left", fontsize=10.5)
     return fig
 
 
