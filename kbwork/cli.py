@@ -37,8 +37,8 @@ from typing import Any, Callable, Iterator
 
 from . import atomic
 from .argtypes import file_path, float_range, int_range, nonnegative_int, positive_int, topology_setting
-from .config import FLOAT_RANGES, MAX_INT, MAX_TCM_BYTES, Topology, load_topology, setting_value
-from .errors import ConfigError, KbworkError, TcmOverflowError, ValidationError
+from .config import FLOAT_RANGES, MAX_INT, MAX_TCM_BYTES, Topology, apply_settings, load_topology
+from .errors import KbworkError, TcmOverflowError, ValidationError
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -122,20 +122,9 @@ def _kwargs(a: argparse.Namespace) -> dict[str, Any]:
                                   f"{MAX_TILES * a.tile}, or a larger --tile.")
         raise ValidationError(f"--kv-len {a.kv_len} is not a multiple of tile {a.tile} (--tile); e.g. "
                               f"--kv-len {near * a.tile}.")
-    overrides: dict[str, Any] = {}
-    given: dict[str, str] = {}
-    for key, (flag, attr) in _KEY_FLAGS.items():
-        if getattr(a, attr) is not None:
-            overrides[key], given[key] = getattr(a, attr), f"{flag} {getattr(a, attr)}"
     topo = load_topology(a.topology)
-    for key, text in a.settings:
-        if key in given:
-            raise ValidationError(f"--set {key}={text}: {key} is already set by {given[key]}; give it once.")
-        overrides[key], given[key] = setting_value(key, text), f"--set {key}={text}"
-        try:
-            topo = topo.replace(**{key: overrides[key]})
-        except ConfigError as exc:
-            raise ConfigError(f"--set {key}={text}: {exc}") from None
+    overrides = apply_settings(topo, a.settings, {key: (flag, getattr(a, attr)) for key, (flag, attr)
+                                                  in _KEY_FLAGS.items() if getattr(a, attr) is not None})
     topo.replace(**overrides)  # the flags' values too (they are range-checked already; this is the whole)
     return dict(kv_len=a.kv_len, tile=a.tile, group=a.group, head_dim=a.head_dim, dtype=a.dtype, mode=a.mode,
                 seed=a.seed, topology=a.topology, **overrides)
@@ -226,20 +215,14 @@ def _tcm_hint(a: argparse.Namespace | None) -> str:
 
     variants = tuple(getattr(a, "variants", None) or (a.variant,))
     try:
-        kw = {**_kwargs(a), "mode": "timing", "steady_state": False}
-        now = load_topology(kw["topology"], **{k: v for k, v in kw.items() if k in _TOPOLOGY_KEYS}).tcm_bytes
-        kw["kv_len"] = kw["tile"]
-        size = now * 2
-        while size <= MAX_TCM_BYTES:
-            try:
-                for v in variants:
-                    decode.run(v, **{**kw, "tcm_bytes": size})
-            except TcmOverflowError:
-                size *= 2
-                continue
-            return f" On the command line: --set tcm_bytes={size} (now {now}), or --topology FILE with that tcm_bytes."
+        kw = _kwargs(a)
+        now, size = decode.tcm_bytes_that_fit(variants, tile=kw["tile"], group=kw["group"], head_dim=kw["head_dim"],
+                                              topology=kw["topology"], dtype=kw["dtype"],
+                                              **{k: v for k, v in kw.items() if k in _TOPOLOGY_KEYS})
     except KbworkError:
         return generic
+    if size is not None:
+        return f" On the command line: --set tcm_bytes={size} (now {now}), or --topology FILE with that tcm_bytes."
     return (f" No TCM kbwork allows is large enough (the largest is --set tcm_bytes={MAX_TCM_BYTES}); use smaller "
             f"sizes (--head-dim, --group, --tile).")
 

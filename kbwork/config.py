@@ -18,9 +18,9 @@ import tomllib
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable, Mapping
 
-from .errors import ConfigError
+from .errors import ConfigError, ValidationError
 
 #: The repository's ``data/`` folder (the package is installed editable).
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
@@ -160,6 +160,39 @@ def setting_value(key: str, text: str) -> Any:
         except ValueError:
             raise ConfigError(f"--set {key}={text}: {key} takes a number, got {text!r}.") from None
     return text
+
+
+def apply_settings(topo: Any, settings: Iterable[tuple[str, str]],
+                   flags: Mapping[str, tuple[str, Any]] | None = None,
+                   refuse: Callable[[str, str], None] | None = None) -> dict[str, Any]:
+    """The topology keys a command line sets: ``flags`` (key -> (the flag, its value), e.g. ``--fixed 80``)
+    and then every ``--set key=text`` of ``settings`` in order, each checked against ``topo`` as it comes,
+    so an error names what set it. ``topo`` is a :class:`Topology` (or anything with its ``replace``, as
+    ``kbwork.model.Device``). ``refuse(key, text)``, if given, may refuse a key first (a command's own
+    reason).
+
+    Returns:
+        ``key -> value``.
+
+    Raises:
+        ValidationError: a key set twice (by a flag and ``--set``, or by two ``--set``).
+        ConfigError: an unknown key or a bad value, naming ``--set key=text``.
+    """
+    overrides: dict[str, Any] = {}
+    given: dict[str, str] = {}
+    for key, (flag, value) in (flags or {}).items():
+        overrides[key], given[key] = value, f"{flag} {value}"
+    for key, text in settings:
+        if key in given:
+            raise ValidationError(f"--set {key}={text}: {key} is already set by {given[key]}; give it once.")
+        if refuse is not None:
+            refuse(key, text)
+        overrides[key], given[key] = setting_value(key, text), f"--set {key}={text}"
+        try:
+            topo = topo.replace(**{key: overrides[key]})
+        except ConfigError as exc:
+            raise ConfigError(f"--set {key}={text}: {exc}") from None
+    return overrides
 
 
 def _check_keys(d: dict[str, Any], where: str) -> None:

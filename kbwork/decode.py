@@ -660,6 +660,33 @@ def _check_variants(variants: Any, where: str) -> tuple[str, ...]:
     return tuple(variants)
 
 
+def tcm_bytes_that_fit(variants: Sequence[str], *, tile: int, group: int, head_dim: int,
+                       topology: Topology | str | None = None, dtype: str = "bf16",
+                       **overrides: Any) -> tuple[int, int | None]:
+    """The topology's ``tcm_bytes`` and the smallest TCM, doubling from it, in which one tile of every variant
+    fits: a TCM holds what one tile needs, whatever the tile count, so a one-tile timing run of each (a few
+    milliseconds) decides. The second is None when not even :data:`kbwork.config.MAX_TCM_BYTES` holds it.
+
+    Raises:
+        KbworkError: the sizes, the topology or an override are refused (as :func:`run` refuses them).
+    """
+    from .config import MAX_TCM_BYTES
+    from .errors import TcmOverflowError
+
+    topo = load_topology(topology, **overrides)
+    size = topo.tcm_bytes * 2
+    while size <= MAX_TCM_BYTES:
+        try:
+            for v in variants:
+                run(v, kv_len=tile, group=group, head_dim=head_dim, tile=tile, dtype=dtype, mode="timing",
+                    topology=topo, steady_state=False, tcm_bytes=size)
+        except TcmOverflowError:
+            size *= 2
+            continue
+        return topo.tcm_bytes, size
+    return topo.tcm_bytes, None
+
+
 def compare(*, kv_len: int = 4096, group: int = 8, head_dim: int = 128, tile: int = 128, dtype: str = "bf16",
             mode: str = "data", topology: Topology | str | None = None, seed: int = 0,
             variants: tuple[str, ...] = DEFAULT_VARIANTS, **overrides: Any) -> Comparison:

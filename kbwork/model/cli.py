@@ -21,8 +21,8 @@ import json
 from typing import Any
 
 from ..argtypes import nonnegative_float, positive_int, topology_setting
-from ..config import setting_value
-from ..errors import ConfigError, KbworkError, TcmOverflowError, ValidationError
+from ..config import apply_settings
+from ..errors import ConfigError, KbworkError, ValidationError
 
 PLACEMENT_CHOICES = ("ahbm", "host", "both")
 
@@ -45,24 +45,14 @@ def topology_overrides(a: argparse.Namespace) -> dict[str, Any]:
     from .device import load_device
     from .files import HOST_KEYS
 
-    overrides: dict[str, Any] = {}
-    given: dict[str, str] = {}
-    for key, (flag, attr) in _KEY_FLAGS.items():
-        if getattr(a, attr, None) is not None:
-            overrides[key], given[key] = getattr(a, attr), f"{flag} {getattr(a, attr)}"
-    device = load_device(a.device)
-    for key, text in getattr(a, "settings", None) or []:
-        if key in given:
-            raise ValidationError(f"--set {key}={text}: {key} is already set by {given[key]}; give it once.")
+    def refuse(key: str, text: str) -> None:
         if key in HOST_KEYS[1:]:  # "name" is a topology key too
             raise ConfigError(f"--set {key}={text}: {key} is a host key, and --set sets topology keys of the "
                               f"device; use --handoff-us for the hand-off, or --host FILE with that {key}.")
-        overrides[key], given[key] = setting_value(key, text), f"--set {key}={text}"
-        try:
-            device = device.replace(**{key: overrides[key]})
-        except ConfigError as exc:
-            raise ConfigError(f"--set {key}={text}: {exc}") from None
-    return overrides
+
+    flags = {key: (flag, getattr(a, attr)) for key, (flag, attr) in _KEY_FLAGS.items()
+             if getattr(a, attr, None) is not None}
+    return apply_settings(load_device(a.device), getattr(a, "settings", None) or [], flags, refuse)
 
 
 def tcm_hint(a: argparse.Namespace) -> str:
@@ -77,21 +67,13 @@ def tcm_hint(a: argparse.Namespace) -> str:
     generic = " On the command line: --set tcm_bytes=N, a smaller --tile, or --device FILE with a larger tcm_bytes."
     try:
         m = load_model(a.model)
-        topo = load_device(a.device, **topology_overrides(a)).pe
-        now = topo.tcm_bytes
-        size = now * 2
-        while size <= MAX_TCM_BYTES:
-            try:
-                for v in a.variants:
-                    decode.run(v, kv_len=a.tile, group=m.group, head_dim=m.head_dim, tile=a.tile, mode="timing",
-                               topology=topo, steady_state=False, tcm_bytes=size)
-            except TcmOverflowError:
-                size *= 2
-                continue
-            return (f" On the command line: --set tcm_bytes={size} (now {now}), a smaller --tile, or --device FILE "
-                    f"with that tcm_bytes.")
+        now, size = decode.tcm_bytes_that_fit(a.variants, tile=a.tile, group=m.group, head_dim=m.head_dim,
+                                              topology=load_device(a.device, **topology_overrides(a)).pe)
     except KbworkError:
         return generic
+    if size is not None:
+        return (f" On the command line: --set tcm_bytes={size} (now {now}), a smaller --tile, or --device FILE "
+                f"with that tcm_bytes.")
     return (f" No TCM kbwork allows is large enough (the largest is --set tcm_bytes={MAX_TCM_BYTES}); use a "
             f"smaller --tile.")
 
