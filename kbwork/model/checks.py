@@ -129,6 +129,10 @@ def check_contexts(contexts: Any, tile: int | None, where: str = "model.step", *
 #: instead. Without this they would reach the topology overrides and read as a misspelt topology key.
 _TIMING_ONLY = ("a model step is timing-only (DESIGN.md §15): it takes no mode=; drop mode={value!r}. "
                 "For the numbers of one decode task, kbwork.decode.run takes mode='data'.")
+_VARIANTS_LIST = "it takes variants=, a list or tuple (e.g. variants={variants}), not variant=."
+_PLACEMENTS_LIST = "it takes placements=, a list or tuple (e.g. placements={placements}), not placement=."
+_SETS_ITS_DEVICE = ("it sets pes and hbm_channels itself (pes=k, hbm_channels=1 for each k): give the k in "
+                    "pes_per_channel= instead.")
 MISNAMED = {
     "model.step": {
         "mode": _TIMING_ONLY,
@@ -141,16 +145,15 @@ MISNAMED = {
     },
     "model.compare": {
         "mode": _TIMING_ONLY,
-        "variant": "it takes variants=, a list or tuple (e.g. variants={variants}), not variant=.",
-        "placement": "it takes placements=, a list or tuple (e.g. placements={placements}), not "
-                     "placement=.",
+        "variant": _VARIANTS_LIST,
+        "placement": _PLACEMENTS_LIST,
         "schedules": "it runs one schedule: pass schedule= ('serial' or 'ping_pong'); model.sweep "
                      "takes schedules=, a list.",
     },
     "sweep": {
         "mode": _TIMING_ONLY,
-        "variant": "it takes variants=, a list or tuple (e.g. variants={variants}), not variant=.",
-        "placement": "it takes placements=, a list or tuple (e.g. placements={placements}), not placement=.",
+        "variant": _VARIANTS_LIST,
+        "placement": _PLACEMENTS_LIST,
         "schedule": "it takes schedules=, a list or tuple (e.g. schedules={schedules}), not schedule=.",
         "contexts": "it takes a context= axis (every sequence of a point at that KV length, e.g. "
                     "context=[1024, 8192]), not contexts=.",
@@ -158,11 +161,9 @@ MISNAMED = {
     "per_head_contention": {
         "mode": "it simulates in timing mode only (cycles, no numbers): it takes no mode=; drop mode={value!r}. "
                 "For the numbers of one decode task, kbwork.decode.run takes mode='data'.",
-        "variant": "it takes variants=, a list or tuple (e.g. variants={variants}), not variant=.",
-        "pes": "it sets pes and hbm_channels itself (pes=k, hbm_channels=1 for each k): give the k in "
-               "pes_per_channel= instead.",
-        "hbm_channels": "it sets pes and hbm_channels itself (pes=k, hbm_channels=1 for each k): give the k in "
-                        "pes_per_channel= instead.",
+        "variant": _VARIANTS_LIST,
+        "pes": _SETS_ITS_DEVICE,
+        "hbm_channels": _SETS_ITS_DEVICE,
     },
 }
 
