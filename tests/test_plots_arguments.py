@@ -21,12 +21,6 @@ from kbwork import KbworkError, ValidationError, analysis, decode, plots  # noqa
 from test_device import two_loads  # noqa: E402  (tests/ is on sys.path)
 
 
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
-
-
 @pytest.fixture(scope="module")
 def ctx():
     """What the calls below draw: a run and its op_log, a comparison, a device run and the tables plots take."""

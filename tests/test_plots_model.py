@@ -8,7 +8,6 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
@@ -17,12 +16,6 @@ import kbwork  # noqa: E402
 from kbwork import ValidationError, plots  # noqa: E402
 from kbwork import model as mdl  # noqa: E402
 from kbwork.model_panel import StepPanel  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
 
 
 # --- the plots ----------------------------------------------------------------------------------------

@@ -17,12 +17,6 @@ from kbwork import ValidationError, analysis, decode, plots  # noqa: E402
 from kbwork.oplog import ENGINE_NAMES  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
-
-
 @pytest.fixture(scope="module")
 def cmp3():
     return decode.compare(kv_len=512, mode="timing", variants=("opt2", "opt3", "a1"))

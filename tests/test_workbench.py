@@ -23,12 +23,6 @@ from kbwork.oplog import ENGINE_NAMES  # noqa: E402
 from kbwork.widgets import CalibrationPanel  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _close_figures():
-    yield
-    plt.close("all")
-
-
 @pytest.fixture(scope="module")
 def small_cmp():
     return decode.compare(kv_len=512, mode="timing")
