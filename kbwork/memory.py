@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import enum
 import math
+import weakref
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -98,17 +99,25 @@ class Origin:
     allocations are undone when it has been traced).
     """
 
-    __slots__ = ("arena", "scope_depth", "alive", "closed_at", "note")
+    __slots__ = ("_arena", "label", "scope_depth", "alive", "closed_at", "note")
 
     def __init__(self, arena: "Arena", scope_depth: int = 0, note: str = ""):
-        self.arena = arena
+        # weakly: the arena holds its handles, each handle its origin; a strong reference back would make
+        # every traced launch a reference cycle, left for the cyclic collector when a run is dropped
+        self._arena = weakref.ref(arena)
+        self.label = arena.label
         self.scope_depth = scope_depth
         self.alive = True
         self.closed_at: str = ""
         self.note = note
 
+    @property
+    def arena(self) -> "Arena | None":
+        """The arena the handle was made in; ``None`` once that arena is gone (its simulator or run dropped)."""
+        return self._arena()
+
     def describe(self) -> str:
-        where = self.arena.label
+        where = self.label
         if self.note:
             where += f", in {self.note}"
         elif self.scope_depth:
@@ -631,7 +640,7 @@ class Arena:
             return (f"handle {h.name!r} was not made by this simulator (a hand-built Handle?); make tensors with "
                     f"sim.hbm(...), tl.alloc/tl.full/tl.load, or slices of those.")
         if o.arena is not self:
-            return (f"handle {h.name!r} comes from {o.arena.label}, not {self.label}; "
+            return (f"handle {h.name!r} comes from {o.label}, not {self.label}; "
                     + ("place the data on this simulator with sim.hbm(...)." if self.space == Space.HBM else
                        "TCM is fresh for every run: allocate it again in this kernel (tl.alloc/tl.full/tl.load)."))
         if not o.alive and o.note:

@@ -324,11 +324,14 @@ class ExpandedSchedule:
         self.dispatch_seq = _CommandColumn(lambda: ex.commands(ct.dispatch_seq, "seq"))
         self.plan_end = _CommandColumn(lambda: ex.commands(ct.plan_end, "seq"))
         self.logical_bytes = _CommandColumn(lambda: ex.commands(ct.logical_bytes))
-        self.labels = _CommandColumn(self._labels)
-        self.iters = _CommandColumn(self._iters)
+        # the columns' makers see the expansion, never this object: a column holding its schedule would make
+        # a reference cycle, and a dropped run would wait for the cyclic collector instead of being freed
+        cls = type(self)
+        self.labels = _CommandColumn(lambda: cls._labels(ex))
+        self.iters = _CommandColumn(lambda: cls._iters(ex))
         self.waits = _CommandColumn(lambda: ex.waits(ct.waits))
-        self.reads = _CommandColumn(lambda: self._footprints(ct.reads, "reads"))
-        self.writes = _CommandColumn(lambda: self._footprints(ct.writes, "writes"))
+        self.reads = _CommandColumn(lambda: cls._footprints(ex, ct.reads, "reads"))
+        self.writes = _CommandColumn(lambda: cls._footprints(ex, ct.writes, "writes"))
 
     def __repr__(self) -> str:
         return f"Schedule({self._ex.n_cmds} commands, {self._ex.n_stages} stages, {self.topo.name}; steady state)"
@@ -344,8 +347,9 @@ class ExpandedSchedule:
     def edge_reach(self) -> int:
         return self.reach
 
-    def _iters(self) -> np.ndarray:
-        ex, ct = self._ex, self._ex.sched.ctab
+    @staticmethod
+    def _iters(ex: Expansion) -> np.ndarray:
+        ct = ex.sched.ctab
         iters = np.asarray(ct.iter, np.int64)
         for x in reversed(ex.ins):  # copy m of a block: each command's label moves m·p iterations times its slope
             block = iters[x.c1:x.c2]
@@ -356,8 +360,9 @@ class ExpandedSchedule:
             iters = np.concatenate([iters[:x.c2], reps, iters[x.c2:]])
         return iters
 
-    def _labels(self) -> list:
-        ex, ct = self._ex, self._ex.sched.ctab
+    @staticmethod
+    def _labels(ex: Expansion) -> list:
+        ct = ex.sched.ctab
 
         def copy(block: list, x, m: int) -> list:
             out = list(block)
@@ -369,8 +374,9 @@ class ExpandedSchedule:
             return out
         return _grow_list(list(ct.label), ex.ins, lambda x: x.c1, lambda x: x.c2, copy)
 
-    def _footprints(self, col: list, which: str) -> list:
-        ex, ct = self._ex, self._ex.sched.ctab
+    @staticmethod
+    def _footprints(ex: Expansion, col: list, which: str) -> list:
+        ct = ex.sched.ctab
 
         def copy(block: list, x, m: int) -> list:
             out = []

@@ -41,6 +41,7 @@ described in :mod:`kbwork.device.walk`, which turns it into the critical path.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
 from typing import Any, Callable, Sequence
@@ -143,7 +144,9 @@ class PeState:
     flows: dict[int, FlowChannel] = field(default_factory=dict)  # the contended channels of the device
     in_flow: set[int] = field(default_factory=set)          # DMA stages whose bytes are moving on one
     dma_base: int = 0                                        # a transfer's access phase, before it joins
-    device: Any = None                                       # the DeviceState it belongs to
+    #: the DeviceState it belongs to, weakly (the device holds its PEs: a strong reference back would keep a
+    #: finished loop's lists for the cyclic collector)
+    device: Any = None
     last_completion: tuple[int, int] = (-1, -1)
     last_release: tuple[int, int] = (-1, -1)
 
@@ -182,7 +185,7 @@ class LaunchMemory:
         return self.hbm if h.space.value == "hbm" else self.tcm
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True, eq=False, weakref_slot=True)
 class DeviceState:
     """The device's whole dynamic state: every PE's, the pending events of all of them, the contended channels'
     flows, and the cycle the loop has processed."""
@@ -227,7 +230,7 @@ def device(pes: Sequence[PeState], channels: dict[int, FlowChannel] | None = Non
     dev = DeviceState(list(pes), channels=dict(channels or {}))
     for i, p in enumerate(dev.pes):
         p.pe = i
-        p.device = dev
+        p.device = weakref.ref(dev)
         p.flows = {c: fc for c, fc in dev.channels.items()}
         heappush(dev.events, (0, (i << PE_SHIFT) | WAKE))
     return dev
@@ -350,7 +353,9 @@ def run(dev: DeviceState | PeState, apply: Callable[[object], None] | None = Non
         pe0 = dev
         if apply is not None:
             pe0.apply = apply
-        dev = pe0.device if pe0.device is not None else device([pe0])
+        dev = pe0.device() if pe0.device is not None else None
+        if dev is None:
+            dev = device([pe0])
     events, pes = dev.events, dev.pes
     # one PE: every event is its own (its keys are plain seqs); no contended channel: every end is final
     single, flowing = len(pes) == 1, bool(dev.channels)

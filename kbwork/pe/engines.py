@@ -180,17 +180,17 @@ BINDERS: dict[type, Callable[..., Any]] = {
 class DataExecutor:
     """Applies stage effects to the memories in float32, rounding on every write.
 
-    Each effect type has one handler (:attr:`handlers`); a new effect is a
-    new record type and a handler beside the others.
+    Each effect type has one handler (:attr:`handlers`, effect type -> method, on the class: a table of
+    bound methods on the instance would hold it in a reference cycle); a new effect is a new record type
+    and a handler beside the others.
     """
+
+    handlers: dict[type, Callable[["DataExecutor", Any], None]] = {}
 
     def __init__(self, memory: Memory):
         self.mem = memory
         self.regs: dict[object, tuple[np.ndarray, np.ndarray]] = {}
         self.acc: dict[object, np.ndarray] = {}
-        self.handlers = {CopyBlock: self._copy_block, Fetch: self._fetch, GemmTile: self._gemm, AccOp: self._acc,
-                         StoreAcc: self._store_acc, MathOp: self._math, MathAcc: self._math_acc,
-                         Effects: self._many}
 
     def __repr__(self) -> str:
         return f"DataExecutor({len(self.acc)} live accumulators)"
@@ -209,11 +209,11 @@ class DataExecutor:
 
     def apply(self, effect: object) -> None:
         """Apply one stage's effect."""
-        self.handlers[effect.__class__](effect)
+        self.handlers[effect.__class__](self, effect)
 
     def _many(self, e: Effects) -> None:
         for x in e.items:
-            self.handlers[x.__class__](x)
+            self.handlers[x.__class__](self, x)
 
     def _copy_block(self, e: CopyBlock) -> None:
         dst = e.dst
@@ -244,3 +244,8 @@ class DataExecutor:
     def _math_acc(self, e: MathAcc) -> None:
         args = {name: self._f32(h) for name, h in e.operands.items()}
         self.mem.arena(e.target).write(e.target, apply_math(e.kind, args, e.extra, self._f32(e.target)))
+
+
+DataExecutor.handlers = {CopyBlock: DataExecutor._copy_block, Fetch: DataExecutor._fetch, GemmTile: DataExecutor._gemm,
+                         AccOp: DataExecutor._acc, StoreAcc: DataExecutor._store_acc, MathOp: DataExecutor._math,
+                         MathAcc: DataExecutor._math_acc, Effects: DataExecutor._many}

@@ -161,7 +161,12 @@ class Trace:
         # the loops a tl.wait outside them holds a command of (one issued just before a loop holds its first)
         self._held = frozenset(seg.number for seg in self.loops
                                if any(seg.first_cmd <= c < seg.end_cmd for c in self._waits))
-        self.commands = CommandList(self)
+
+    @property
+    def commands(self) -> "CommandList":
+        """Every command, in program order (a view made on access: kept on the trace, it would hold the trace
+        in a reference cycle)."""
+        return CommandList(self)
 
     def __repr__(self) -> str:
         return f"Trace({self.n_commands} commands, {len(self.loops)} loops)"

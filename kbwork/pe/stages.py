@@ -150,14 +150,13 @@ class StageTable:
 
     __slots__ = ("kind", "engine", "phase", "cmd", "op_kind", "tile", "k_tile", "_tensor", "nbytes", "dur",
                  "effects", "chan", "lpreds", "xpreds", "lsucc", "npred", "cbase", "pending_names", "with_effects",
-                 "_base", "_preds")
+                 "_base")
 
     def __init__(self, with_effects: bool = False):
-        for name in self.__slots__[:-3]:
+        for name in self.__slots__[:-2]:
             setattr(self, name, [])
         self.with_effects = with_effects
         self._base = 0
-        self._preds = _Preds(self)
 
     @property
     def tensor(self) -> list[str]:
@@ -212,13 +211,14 @@ class StageTable:
 
     @property
     def preds(self) -> "_Preds":
-        """Every stage's dependencies as absolute seqs (local ones first): ``preds[s]`` is a tuple."""
-        return self._preds
+        """Every stage's dependencies as absolute seqs (local ones first): ``preds[s]`` is a tuple. A view made
+        on access (kept on the table, it would hold the table in a reference cycle)."""
+        return _Preds(self)
 
     def column(self, name: str) -> Sequence:
         """One column by name (``preds`` included)."""
         if name == "preds":
-            return self._preds
+            return _Preds(self)
         if name not in COLUMNS:
             raise KeyError(name)
         return getattr(self, name)
