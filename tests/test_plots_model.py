@@ -8,6 +8,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
@@ -95,6 +96,20 @@ def test_tokens_per_s_refuses_frames_it_cannot_draw():
         plots.tokens_per_s(sw, "tile")
     with pytest.raises(ValidationError, match="columns"):
         plots.tokens_per_s(sw.drop(columns="schedule"))
+
+
+@pytest.mark.parametrize("draw", [
+    lambda sw, ax: plots.tokens_per_s(sw[sw.model == "llama-3-8b"], "context", ax=ax),
+    lambda sw, ax: plots.ping_pong_gain(sw, "context", ax=ax),
+    lambda sw, ax: plots.variant_ratio(sw, "context", ax=ax),
+], ids=["tokens_per_s", "ping_pong_gain", "variant_ratio"])
+def test_the_model_plots_refuse_an_ax_that_is_not_an_axes_by_name(draw):
+    sw = _sweep()
+    for bad in ("ax", 5):
+        with pytest.raises(ValidationError, match=r"plots\.\w+: ax must be a matplotlib Axes"):
+            draw(sw, bad)
+    ax = plt.figure().add_subplot()
+    assert draw(sw, ax) is ax
 
 
 def test_tokens_per_s_grid_has_a_panel_per_model_one_legend_and_says_the_device_and_host():

@@ -26,7 +26,7 @@ from ..model.bounds import BOUND_KINDS, bound_kind_of, physical_bound
 from ..model.device import DEVICE_V1, load_device
 from ..model.files import load_host, load_model
 from ..model.sweeps import recorded_setup
-from . import VALUE_WORDS, VARIANT_COLORS, _variant_colors
+from . import VALUE_WORDS, VARIANT_COLORS, _check_ax, _variant_colors
 
 #: The GPU alone's colour.
 HOST_COLOR = "#000000"
@@ -170,6 +170,7 @@ def tokens_per_s(sweep: pd.DataFrame, x: str = "context", *, ax: plt.Axes | None
         ConfigError: a bad host or device.
     """
     where = "plots.tokens_per_s"
+    _check_ax(ax, where)
     if x not in X_WORDS:
         raise ValidationError(f"{where}: x={x!r}; use 'context' or 'batch'.")
     sweep = _check_sweep(sweep, where)
@@ -279,6 +280,7 @@ def ping_pong_gain(sweep: pd.DataFrame, x: str = "batch", *, ax: plt.Axes | None
             other axis.
     """
     where = "plots.ping_pong_gain"
+    _check_ax(ax, where)
     if x not in X_WORDS:
         raise ValidationError(f"{where}: x={x!r}; use 'context' or 'batch'.")
     sweep = _check_sweep(sweep, where)
@@ -328,6 +330,7 @@ def variant_ratio(sweep: pd.DataFrame, x: str = "context", *, baseline: str = "o
             the other axis.
     """
     where = "plots.variant_ratio"
+    _check_ax(ax, where)
     if x not in X_WORDS:
         raise ValidationError(f"{where}: x={x!r}; use 'context' or 'batch'.")
     sweep = _check_sweep(sweep, where)
