@@ -261,9 +261,10 @@ class Simulator:
             index = len(self._hbm_writes) - 1
             runs = {}
             offset = 0
+            hbm_names = dict(self._hbm)  # the tensors as this run saw them (read-only: one copy serves every PE)
             for pe in sorted(results):
                 timeline, sched, state = results[pe]
-                r = Run(self, sched, timeline, dict(self._hbm), names, tcms, index, snapshot)
+                r = Run(self, sched, timeline, hbm_names, names, tcms, index, snapshot)
                 r.steady_state = state
                 r._source = programs[pe]
                 r.pe_index, r.seq_offset = pe, offset

@@ -28,7 +28,7 @@ from ..errors import ValidationError
 from ..memory import Handle, LoopHandle, Space
 from ..pe.commands import DmaCmd
 from ..pe.program import Plain
-from ..pe.scheduler import Program, _handles
+from ..pe.scheduler import Program
 from ..symbolic import Index
 from .flows import FlowChannel, contended
 
@@ -74,13 +74,14 @@ class Family:
         return np.stack([lo, lo + self.size], axis=1)
 
 
-def _hbm_uses(prog: Program) -> tuple[list[Family], list[Family]]:
-    """Every HBM range ``prog`` reads and writes, a loop's moving slices as families (not one per iteration)."""
-    reads: list[Family] = []
-    writes: list[Family] = []
+def _hbm_uses(prog: Program, reads: list[Family], writes: list[Family], chans: set[int]) -> None:
+    """Add every HBM range ``prog`` reads and writes to ``reads`` and ``writes`` (a loop's moving slices as
+    families, not one per iteration), and to ``chans`` the channels its transfers move bytes on
+    (:func:`channels_of`): one walk over the commands, a loop's body once."""
+    HBM = Space.HBM
 
     def add(h: Handle, out: list[Family], n: int) -> None:
-        if h.space is not Space.HBM or not h.nbytes:
+        if not h.nbytes:
             return
         if isinstance(h, LoopHandle):
             if h.kind == "rows":
@@ -95,12 +96,31 @@ def _hbm_uses(prog: Program) -> tuple[list[Family], list[Family]]:
     for seg in prog.trace.segments:
         cmds, n = (seg.commands, 1) if isinstance(seg, Plain) else (seg.body, seg.iterations)
         for cmd in cmds:
-            r, w = _handles(cmd)
-            for h in r:
-                add(h, reads, n)
-            for h in w:
-                add(h, writes, n)
-    return reads, writes
+            if isinstance(cmd, DmaCmd):  # reads its source, writes its destination (DESIGN.md §5)
+                src, dst = cmd.src, cmd.dst
+                chans.add(src.channel if src.space is HBM else dst.channel)
+                if src.space is HBM:
+                    add(src, reads, n)
+                if dst.space is HBM:
+                    add(dst, writes, n)
+                continue
+            # a composite reads every operand and writes every out, its rw_handles and its recipe scratch
+            for op in cmd.ops:
+                for h in op.operands.values():
+                    if h.space is HBM:
+                        chans.add(h.channel)
+                        add(h, reads, n)
+            for op in cmd.ops:
+                h = op.out
+                if h is not None and h.space is HBM:
+                    chans.add(h.channel)
+                    add(h, writes, n)
+            for h in cmd.rw_handles:
+                if h.space is HBM:
+                    add(h, writes, n)
+            for h in cmd.scratch:
+                if h.space is HBM:
+                    add(h, writes, n)
 
 
 @dataclass
@@ -119,10 +139,7 @@ def uses_of(progs: Sequence[Program]) -> Uses:
     reads: list[Family] = []
     writes: list[Family] = []
     for prog in progs:
-        r, w = _hbm_uses(prog)
-        reads += r
-        writes += w
-        chans |= channels_of(prog)
+        _hbm_uses(prog, reads, writes, chans)
     return Uses(chans, reads, writes)
 
 
@@ -342,9 +359,13 @@ def group_key(group: Sequence[int], programs: dict[int, Sequence[Program]], tens
             else:
                 label = cmd.label
             return ("dma", hkey(cmd.src), hkey(cmd.dst), label, it)
-        return ("cmd", tuple((op.signature, tuple((n, hkey(h)) for n, h in op.operands.items()),
-                              hkey(op.out) if op.out is not None else None) for op in cmd.ops),
-                tuple(hkey(h) for h in cmd.rw_handles), tuple(hkey(h) for h in cmd.scratch), cmd.label, it)
+        # an op is its kind, scope and shipped scalars (a GEMM's m, k, n, trans_b by value: they shape its
+        # stages; other scalars by name: their values change numbers, never times) and its handles' keys,
+        # which hold their space, shape, dtype and pinning: everything its plan depends on (OpSpec.signature)
+        return ("cmd", tuple([(op.kind, op.scope, tuple(op.extra.items()) if op.kind == "gemm" else tuple(op.extra),
+                               tuple([(n, hkey(h)) for n, h in op.operands.items()]),
+                               None if op.out is None else hkey(op.out)) for op in cmd.ops]),
+                tuple([hkey(h) for h in cmd.rw_handles]), tuple([hkey(h) for h in cmd.scratch]), cmd.label, it)
 
     key = []
     for pe in group:
@@ -352,9 +373,9 @@ def group_key(group: Sequence[int], programs: dict[int, Sequence[Program]], tens
             tr = prog.trace
             for seg in tr.segments:
                 if isinstance(seg, Plain):
-                    key.append(("plain", tuple(ckey(c) for c in seg.commands)))
+                    key.append(("plain", tuple([ckey(c) for c in seg.commands])))
                 else:
-                    key.append(("loop", seg.iterations, seg.period, tuple(ckey(c) for c in seg.body),
+                    key.append(("loop", seg.iterations, seg.period, tuple([ckey(c) for c in seg.body]),
                                 tuple((x.a, x.b) if isinstance(x, Index) else x for x in seg.iters), seg.waits))
             key.append(("waits", tuple(tr.waits)))
         key.append(("pe-end",))

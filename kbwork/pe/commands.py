@@ -82,14 +82,7 @@ class OpSpec:
     out: Handle | None = None
     #: ``8 + 8 x (#operand handles + #out handles) + 4 x #scalar extras`` (ADR-0064 D2), computed once.
     logical_bytes: int = field(init=False, repr=False, compare=False)
-    #: Everything but addresses, names and scalar values: kind, scope, each operand's and the out's
-    #: space, shape, dtype and pinning, the names of the shipped scalars, and the values of a GEMM's
-    #: m, k, n, trans_b. The stages the scheduler plans for the op depend on nothing else, so its
-    #: plan cache keys on it (``pe.templates``). ``None`` when an operand is not a handle
-    #: (validation then says what is wrong).
-    signature: tuple | None = field(init=False, repr=False, compare=False)
-    #: ``Handle.span`` of every operand, in order (what hazard tracking reads); None like ``signature``.
-    read_spans: tuple | None = field(init=False, repr=False, compare=False)
+    _described: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, str):
@@ -106,12 +99,32 @@ class OpSpec:
                 raise ValidationError(f"OpSpec {self.kind!r}: scope {self.scope!r} is unknown; use one of "
                                       f"{', '.join(s.value for s in Scope)}.") from None
         set_ = object.__setattr__
-        kind, operands, extra, out = self.kind, _freeze(self.operands), _freeze(self.extra), self.out
+        operands, extra = _freeze(self.operands), _freeze(self.extra)
         set_(self, "operands", operands)
         set_(self, "extra", extra)
         set_(self, "logical_bytes", LOGICAL_BYTES_PER_OP
-             + LOGICAL_BYTES_PER_HANDLE * (len(operands) + (out is not None))
+             + LOGICAL_BYTES_PER_HANDLE * (len(operands) + (self.out is not None))
              + LOGICAL_BYTES_PER_SCALAR * len(extra))
+
+    @property
+    def signature(self) -> tuple | None:
+        """Everything but addresses, names and scalar values: kind, scope, each operand's and the out's space,
+        shape, dtype and pinning, the names of the shipped scalars, and the values of a GEMM's m, k, n,
+        trans_b. The stages the scheduler plans for the op depend on nothing else, so its plan cache keys on
+        it (``pe.templates``). ``None`` when an operand is not a handle (validation then says what is wrong).
+
+        Made on first use (a device's replicated PEs never plan their ops), like :attr:`read_spans`."""
+        d = self._described
+        return (d if d is not None else self._describe())[0]
+
+    @property
+    def read_spans(self) -> tuple | None:
+        """``Handle.span`` of every operand, in order (what hazard tracking reads); None like ``signature``."""
+        d = self._described
+        return (d if d is not None else self._describe())[1]
+
+    def _describe(self) -> tuple:
+        operands, extra, out, kind = self.operands, self.extra, self.out, self.kind
         try:
             # plain strings, ints and tuples only: the key is hashed on every lookup, and an enum's
             # hash is a Python-level call. ``span[0]`` is the handle's space (is it TCM).
@@ -128,8 +141,9 @@ class OpSpec:
             read_spans: tuple | None = tuple(spans)
         except (AttributeError, TypeError):
             sig = read_spans = None
-        set_(self, "signature", sig)
-        set_(self, "read_spans", read_spans)
+        d = (sig, read_spans)
+        object.__setattr__(self, "_described", d)
+        return d
 
     def handles(self) -> tuple[Handle, ...]:
         """Every handle the op names: operands in order, then out."""

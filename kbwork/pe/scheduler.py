@@ -22,6 +22,8 @@ flat op lists only.
 
 from __future__ import annotations
 
+import functools
+
 import math
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -195,14 +197,22 @@ class Program:
         self.staging_base = staging_base
         self.templates = templates
         self.scale = dict(scale or {})
-        self.latency = Latency(topo)
         self.n_commands = trace.n_commands
         self.loops = trace.loops
         self._body: dict[tuple[int, int], _BodyCommand] = {}
         self._commands: dict[tuple, CommandTemplate] = {}  # (plan signature, logical bytes) -> template
-        self._plans = PLAN_CACHE.plans_for(topo) if self.templates else None
         self._dispatch: dict[int, int] = {}    # logical bytes -> dispatch cycles
         self._plan_cycles: dict[int, int] = {}  # ops -> plan cycles
+
+    # made when the program is first lowered: a device's replicated launches never are
+    @functools.cached_property
+    def latency(self) -> Latency:
+        """The topology's stage latencies."""
+        return Latency(self.topo)
+
+    @functools.cached_property
+    def _plans(self) -> "PlanTable | None":
+        return PLAN_CACHE.plans_for(self.topo) if self.templates else None
 
     def __repr__(self) -> str:
         return f"Program({self.n_commands} commands, {len(self.loops)} loops, {self.topo.name})"

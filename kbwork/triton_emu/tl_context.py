@@ -494,16 +494,18 @@ class TLContext:
         """Refuse ``h`` unless this run's memories made it and its scratch scope (if any) is still open."""
         arena = self.hbm if h.space is Space.HBM else self.tcm
         o = h.origin
-        if o is None or o.arena is not arena or not o.alive:
+        if o is None or o._arena() is not arena or not o.alive:
             raise ValidationError(f"{where}: {arena.check(h)}")
 
     def _check_ops(self, flat: tuple[OpSpec, ...], where: str) -> None:
+        hbm, tcm, HBM = self.hbm, self.tcm, Space.HBM
         for i, o in enumerate(flat):
-            for h in o.operands.values():
-                if _is_handle(h):
+            for h in (*o.operands.values(), o.out):
+                if not _is_handle(h):
+                    continue
+                og = h.origin  # what _own checks, inline: this runs for every handle of every command
+                if og is None or og._arena() is not (hbm if h.space is HBM else tcm) or not og.alive:
                     self._own(h, f"{where} op {i} ({o.kind})")
-            if _is_handle(o.out):
-                self._own(o.out, f"{where} op {i} ({o.kind})")
 
     def _name(self, h: Handle) -> None:
         """Record ``h`` under its name for ``Run.read``; handles whose scope closed are dropped on the way."""
@@ -1083,7 +1085,10 @@ def _check_math(o: OpSpec, w: str, target: Handle | None, info) -> None:
         a, b = o.operands["a"], o.operands["b"]
         if b.shape not in ((a.shape[0], 1), a.shape):
             raise ValidationError(f"{w}: b={b.name} {b.shape} must be a per-row column ({a.shape[0]}, 1).")
-    if _broadcast([h.shape for h in o.operands.values()] + [out.shape]) != out.shape:
+    shape = out.shape
+    if all(h.shape == shape for h in o.operands.values()):  # the common case: nothing to broadcast
+        return
+    if _broadcast([h.shape for h in o.operands.values()] + [shape]) != shape:
         desc = ", ".join(f"{n}={h.name} {h.shape}" for n, h in o.operands.items())
         raise ValidationError(f"{w}: operand shapes ({desc}) do not broadcast to out={out.name} {out.shape}.")
 
