@@ -61,8 +61,12 @@ class Completion:
         return f"Completion(cmd={self.cmd}{po})"
 
 
+#: every op without operands or scalars shares this one (most MATH ops ship no scalar)
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
 def _freeze(m: Mapping[str, Any] | None) -> Mapping[str, Any]:
-    return MappingProxyType(dict(m) if m else {})
+    return MappingProxyType(dict(m)) if m else _EMPTY
 
 
 @dataclass(frozen=True, eq=False, slots=True)
