@@ -110,6 +110,25 @@ class OpSpec:
              + LOGICAL_BYTES_PER_HANDLE * (len(operands) + (self.out is not None))
              + LOGICAL_BYTES_PER_SCALAR * len(extra))
 
+    @classmethod
+    def built(cls, kind: str, scope: Scope, operands: dict[str, Any], extra: dict[str, Any],
+              out: Handle | None) -> "OpSpec":
+        """``OpSpec(kind, scope, operands, extra, out)`` from parts the front end made itself and hands over:
+        a known op name, a :class:`Scope`, and dicts nobody else holds (so they are wrapped, not copied).
+        The same object, without the checks of ``__post_init__``, which a composite's lowering runs for
+        every op it builds. Keep the two in step: this sets every field ``__init__`` does."""
+        o = object.__new__(cls)
+        set_ = object.__setattr__
+        set_(o, "kind", kind)
+        set_(o, "scope", scope)
+        set_(o, "operands", MappingProxyType(operands) if operands else _EMPTY)
+        set_(o, "extra", MappingProxyType(extra) if extra else _EMPTY)
+        set_(o, "out", out)
+        set_(o, "logical_bytes", LOGICAL_BYTES_PER_OP + LOGICAL_BYTES_PER_HANDLE * (len(operands) + (out is not None))
+             + LOGICAL_BYTES_PER_SCALAR * len(extra))
+        set_(o, "_described", None)
+        return o
+
     @property
     def signature(self) -> tuple | None:
         """Everything but addresses, names and scalar values: kind, scope, each operand's and the out's space,

@@ -490,21 +490,22 @@ class TLContext:
                                        self._iter))
 
     # --- internals ----------------------------------------------------------------------
-    def _own(self, h: Handle, where: str) -> None:
-        """Refuse ``h`` unless this run's memories made it and its scratch scope (if any) is still open."""
-        arena = self.hbm if h.space is Space.HBM else self.tcm
+    def _owns(self, h: Handle) -> bool:
+        """Whether this run's memories made ``h`` and its scratch scope (if any) is still open."""
         o = h.origin
-        if o is None or o._arena() is not arena or not o.alive:
+        return o is not None and o._arena() is (self.hbm if h.space is Space.HBM else self.tcm) and o.alive
+
+    def _own(self, h: Handle, where: str) -> None:
+        """Refuse ``h`` unless :meth:`_owns` it. (Where ``where`` is an f-string, hot paths test ``_owns``
+        first, so the message is built only for a handle that fails.)"""
+        if not self._owns(h):
+            arena = self.hbm if h.space is Space.HBM else self.tcm
             raise ValidationError(f"{where}: {arena.check(h)}")
 
     def _check_ops(self, flat: tuple[OpSpec, ...], where: str) -> None:
-        hbm, tcm, HBM = self.hbm, self.tcm, Space.HBM
         for i, o in enumerate(flat):
             for h in (*o.operands.values(), o.out):
-                if not _is_handle(h):
-                    continue
-                og = h.origin  # what _own checks, inline: this runs for every handle of every command
-                if og is None or og._arena() is not (hbm if h.space is HBM else tcm) or not og.alive:
+                if _is_handle(h) and not self._owns(h):
                     self._own(h, f"{where} op {i} ({o.kind})")
 
     def _name(self, h: Handle) -> None:
@@ -659,7 +660,8 @@ class TLContext:
             h = given[n]
             if not _is_handle(h):
                 raise ValidationError(f"{where}: operand {n!r} must be a tensor handle, got {h!r}.")
-            self._own(h, f"{where} operand {n!r}")
+            if not self._owns(h):
+                self._own(h, f"{where} operand {n!r}")
             if h.space != Space.TCM:
                 raise ValidationError(f"{where}: operand {n}={h.name} is in HBM (a {role} operand); recipe operands must "
                                       f"be in TCM (ADR-0065 D6.2/D6.7). tl.load it first, or allocate it with tl.alloc.")
@@ -682,7 +684,8 @@ class TLContext:
         specs = []
         for kind, ports, srcs, dst, scalars in rd.steps:
             extra = {k: params[v] if isinstance(v, str) else v for k, v in scalars.items()} if scalars else {}
-            specs.append(OpSpec(kind, Scope.KERNEL, {port: env[x] for port, x in zip(ports, srcs)}, extra, env[dst]))
+            specs.append(OpSpec.built(kind, Scope.KERNEL, {port: env[x] for port, x in zip(ports, srcs)}, extra,
+                                      env[dst]))
         rw = [operands[n] for n in rd.rw_operands]
         primary = scratch[rd.primary_out.name] if rd.primary_out is not None else None
         return specs, rw, tuple(scratch.values()), primary
@@ -913,7 +916,7 @@ def _entry_op(entry: Any, where: str, default_scope: Scope) -> OpSpec:
             extra[key] = val
         else:
             operands[key] = val
-    return OpSpec(kind, scope, operands, extra, out)
+    return OpSpec.built(kind, scope, operands, extra, out)
 
 
 def _gemm_spec(a, b, out, trans_b, c) -> OpSpec:
@@ -928,7 +931,8 @@ def _gemm_spec(a, b, out, trans_b, c) -> OpSpec:
         raise ValidationError(f"GEMM operands must be 2-D: a={a!r}, b={b!r}.")
     M, K = a.shape
     N = b.shape[0] if trans_b else b.shape[1]
-    return OpSpec("gemm", Scope.KERNEL, {"a": a, "b": b}, {"m": M, "k": K, "n": N, "trans_b": bool(trans_b)}, out)
+    return OpSpec.built("gemm", Scope.KERNEL, {"a": a, "b": b}, {"m": M, "k": K, "n": N, "trans_b": bool(trans_b)},
+                        out)
 
 
 def _math_head(math_op, a, b, c, out, value, factor) -> OpSpec:
@@ -943,7 +947,7 @@ def _math_head(math_op, a, b, c, out, value, factor) -> OpSpec:
                               f"{', '.join(n for n, _ in given) or 'none'}.")
     operands = {port: h for port, (_, h) in zip(info.operands, given)}
     extra = {key: val for key, val in (("value", value), ("factor", factor)) if val is not None}
-    return OpSpec(math_op, Scope.KERNEL, operands, extra, out)
+    return OpSpec.built(math_op, Scope.KERNEL, operands, extra, out)
 
 
 # --- validation (shared by both forms) ----------------------------------------------------------
