@@ -1090,7 +1090,10 @@ def _check_math(o: OpSpec, w: str, target: Handle | None, info) -> None:
         if b.shape not in ((a.shape[0], 1), a.shape):
             raise ValidationError(f"{w}: b={b.name} {b.shape} must be a per-row column ({a.shape[0]}, 1).")
     shape = out.shape
-    if all(h.shape == shape for h in o.operands.values()):  # the common case: nothing to broadcast
+    for h in o.operands.values():
+        if h.shape != shape:
+            break
+    else:  # the common case: nothing to broadcast
         return
     if _broadcast([h.shape for h in o.operands.values()] + [shape]) != shape:
         desc = ", ".join(f"{n}={h.name} {h.shape}" for n, h in o.operands.items())
