@@ -89,6 +89,11 @@ def itemsize(dtype: str) -> int:
 _ITEMSIZE = {name: d.itemsize for name, d in DTYPES.items()}
 
 
+def _gone() -> None:
+    """The arena of an unpickled handle's origin: none (see :meth:`Origin.__getstate__`)."""
+    return None
+
+
 class Origin:
     """Where a handle was made: an arena, and the scratch scope it was allocated in (if any).
 
@@ -99,13 +104,14 @@ class Origin:
     allocations are undone when it has been traced).
     """
 
-    __slots__ = ("_arena", "label", "scope_depth", "alive", "closed_at", "note")
+    __slots__ = ("_arena", "label", "scope_depth", "alive", "closed_at", "note", "copied")
 
     def __init__(self, arena: "Arena", scope_depth: int = 0, note: str = ""):
         # weakly: the arena holds its handles, each handle its origin; a strong reference back would make
         # every traced launch a reference cycle, left for the cyclic collector when a run is dropped
         self._arena = weakref.ref(arena)
         self.label = arena.label
+        self.copied = False  # an unpickled (or deep-copied) origin: its arena stayed behind
         self.scope_depth = scope_depth
         self.alive = True
         self.closed_at: str = ""
@@ -115,6 +121,15 @@ class Origin:
     def arena(self) -> "Arena | None":
         """The arena the handle was made in; ``None`` once that arena is gone (its simulator or run dropped)."""
         return self._arena()
+
+    # A pickled (or deep-copied) handle keeps where it came from in words, not the arena: its copy belongs to
+    # no simulator, as the copy of an arena it used to drag along did not either.
+    def __getstate__(self) -> tuple:
+        return (self.label, self.scope_depth, self.alive, self.closed_at, self.note)
+
+    def __setstate__(self, state: tuple) -> None:
+        self._arena, self.copied = _gone, True
+        self.label, self.scope_depth, self.alive, self.closed_at, self.note = state
 
     def describe(self) -> str:
         where = self.label
@@ -639,6 +654,9 @@ class Arena:
         if o is None:
             return (f"handle {h.name!r} was not made by this simulator (a hand-built Handle?); make tensors with "
                     f"sim.hbm(...), tl.alloc/tl.full/tl.load, or slices of those.")
+        if o.copied:
+            return (f"handle {h.name!r} is a pickled or deep-copied copy of a handle of {o.label}; a copy "
+                    f"belongs to no simulator. Use the handle sim.hbm(...) returned (or make the tensor again).")
         if o.arena is not self:
             return (f"handle {h.name!r} comes from {o.label}, not {self.label}; "
                     + ("place the data on this simulator with sim.hbm(...)." if self.space == Space.HBM else

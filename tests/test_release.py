@@ -51,3 +51,21 @@ def _device(pes: int, **overrides):
 ])
 def test_a_dropped_run_leaves_nothing_for_the_cyclic_collector(make):
     assert _cyclic_garbage(make) == []
+
+
+def test_a_handle_still_pickles_and_its_copy_belongs_to_no_simulator():
+    # an origin holds its arena weakly (no cycle); a pickled handle keeps where it came from in words
+    import copy
+    import pickle
+
+    def load(tl, x):
+        tl.load(x, name="X")
+
+    sim = kbwork.Simulator(mode="timing")
+    q = sim.hbm("q", shape=(4, 64), dtype="bf16")
+    for twin in (pickle.loads(pickle.dumps(q)), copy.deepcopy(q)):
+        assert twin == q and twin.origin.arena is None and repr(twin.origin) == repr(q.origin)
+        with pytest.raises(kbwork.ValidationError, match=r"'q' is a pickled or deep-copied copy of a handle of "
+                                                         r"the HBM of simulator #\d+; a copy belongs to no simulator"):
+            sim.run(load, twin)
+    assert sim.run(load, q).cycles > 0
