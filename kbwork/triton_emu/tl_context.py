@@ -549,7 +549,7 @@ class TLContext:
         scratch: tuple[Handle, ...] = ()
         primary: Handle | None = None
         binds: str | None = None  # the head-GEMM port the recipe's primary output binds to
-        notes: dict[int, str] = {}
+        notes: list[tuple[int, int, str, str]] = []
         for i, o in enumerate(ops):
             if not isinstance(o, OpSpec):
                 raise ValidationError(f"tl.composite(ops=...): item {i} is {type(o).__name__}, not an OpSpec.")
@@ -561,7 +561,7 @@ class TLContext:
                     raise ValidationError(f"{where} op {i}: recipe {o.kind!r} writes its own scratch; give it no out=.")
                 entry = {"scope": o.scope, **o.operands, **o.extra}
                 specs, r_rw, scratch, primary = self._expand_recipe(rd, entry, f"{where} op {i}")
-                notes.update(_recipe_notes(rd, f"ops[{i}]", len(flat)))
+                notes.append(_recipe_notes(rd, f"ops[{i}]", len(flat)))
                 flat += specs
                 rw += r_rw
                 binds = rd.primary_out.binds if rd.primary_out is not None else None
@@ -581,7 +581,7 @@ class TLContext:
         recipe_rw: list[Handle] = []
         primary: Handle | None = None
         binds: str | None = None
-        notes: dict[int, str] = {}
+        notes: list[tuple[int, int, str, str]] = []
         for i, entry in enumerate(prologue):
             kind = _entry_kind(entry, f"prologue[{i}]")
             rd = RECIPE_DESCRIPTORS.get(kind)
@@ -589,7 +589,7 @@ class TLContext:
                 if scratch:
                     raise ValidationError(f"prologue[{i}]: only one recipe per composite is supported.")
                 specs, recipe_rw, scratch, primary = self._expand_recipe(rd, entry, f"{where} prologue[{i}]")
-                notes.update(_recipe_notes(rd, f"prologue[{i}]", len(pre)))
+                notes.append(_recipe_notes(rd, f"prologue[{i}]", len(pre)))
                 pre += specs
                 binds = rd.primary_out.binds if rd.primary_out is not None else None
                 prologue_recipe = rd.name
@@ -825,9 +825,10 @@ def _address_period(h: LoopHandle) -> int | None:
     return 1
 
 
-def _recipe_notes(rd: RecipeDescriptor, entry: str, first: int) -> dict[int, str]:
-    """How validation names the ops a recipe expanded into (flat index -> note)."""
-    return {first + k: f"step {k + 1} of recipe {rd.name!r} in {entry}" for k in range(len(rd.engine_seq))}
+def _recipe_notes(rd: RecipeDescriptor, entry: str, first: int) -> tuple[int, int, str, str]:
+    """How validation names the ops a recipe expanded into: ``(first flat index, steps, recipe, entry)``, put
+    into words (``step 2 of recipe 'softmax_merge' in prologue[0]``) only when an error needs them."""
+    return first, len(rd.engine_seq), rd.name, entry
 
 
 def _check_list(seq: Any, what: str) -> None:
@@ -960,8 +961,9 @@ def validate_ops(ops: tuple[OpSpec, ...], where: str | int = "composite") -> Non
     _validate_ops(ops, f"command #{where}" if isinstance(where, int) else where)
 
 
-def _validate_ops(ops: tuple[OpSpec, ...], where: str, notes: Mapping[int, str] | None = None) -> None:
-    """:func:`validate_ops`; ``notes`` says where an op came from (a recipe step), for the messages."""
+def _validate_ops(ops: tuple[OpSpec, ...], where: str, notes: Sequence[tuple[int, int, str, str]] = ()) -> None:
+    """:func:`validate_ops`; ``notes`` says where ops came from (recipe steps, :func:`_recipe_notes`), for the
+    messages."""
     if not ops:
         raise ValidationError(f"{where}: a composite needs at least one op.")
     gemms = [i for i, o in enumerate(ops) if o.kind == "gemm"]
@@ -971,7 +973,7 @@ def _validate_ops(ops: tuple[OpSpec, ...], where: str, notes: Mapping[int, str] 
     head = gemms[0] if gemms else 0
     target: Handle | None = None
     for i, o in enumerate(ops):
-        w = _Where(where, i, o.kind, notes[i] if notes and i in notes else None)
+        w = _Where(where, i, o.kind, notes)
         info = OPS.get(o.kind)
         if info is None:
             extra = (f"; recipes ({', '.join(RECIPE_DESCRIPTORS)}) are expanded by tl.composite"
@@ -1036,13 +1038,22 @@ def _validate_ops(ops: tuple[OpSpec, ...], where: str, notes: Mapping[int, str] 
 class _Where:
     """Where an op sits in a composite, in words only when an error needs them (``f"{w}: ..."``)."""
 
-    __slots__ = ("where", "i", "kind", "note")
+    __slots__ = ("where", "i", "kind", "notes")
 
-    def __init__(self, where: str, i: int, kind: str, note: str | None):
-        self.where, self.i, self.kind, self.note = where, i, kind, note
+    def __init__(self, where: str, i: int, kind: str, notes: Sequence[tuple[int, int, str, str]] = ()):
+        self.where, self.i, self.kind, self.notes = where, i, kind, notes
+
+    @property
+    def note(self) -> str | None:
+        """Which recipe step the op is, if a recipe made it."""
+        for first, steps, recipe, entry in self.notes:
+            if first <= self.i < first + steps:
+                return f"step {self.i - first + 1} of recipe {recipe!r} in {entry}"
+        return None
 
     def __str__(self) -> str:
-        return f"{self.where} op {self.i} ({self.kind}{', ' + self.note if self.note else ''})"
+        note = self.note
+        return f"{self.where} op {self.i} ({self.kind}{', ' + note if note else ''})"
 
     def __format__(self, spec: str) -> str:
         return format(str(self), spec)
