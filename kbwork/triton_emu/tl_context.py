@@ -505,7 +505,7 @@ class TLContext:
     def _check_ops(self, flat: tuple[OpSpec, ...], where: str) -> None:
         for i, o in enumerate(flat):
             for h in (*o.operands.values(), o.out):
-                if _is_handle(h) and not self._owns(h):
+                if isinstance(h, Handle) and not self._owns(h):
                     self._own(h, f"{where} op {i} ({o.kind})")
 
     def _name(self, h: Handle) -> None:
