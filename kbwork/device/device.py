@@ -295,10 +295,12 @@ def group_key(group: Sequence[int], programs: dict[int, Sequence[Program]], tens
     hbm_names: list[str] = []     # the HBM tensors, by relative id
     hbm_ids: dict[str, int] = {}  # and their relative ids by name
     named: set[str] = set()       # what tensor_names holds (a group may name thousands)
+    name_lengths: set[int] = set()  # the lengths of hbm_names (where a TCM name's prefix may be one of them)
     channel_ids: dict[int, int] = {}
     import bisect
 
-    memo: dict[int, Any] = {}
+    memo: dict[int, Any] = {}  # id(handle) -> its key (never empty, so never false)
+    known = memo.get
 
     def hkey(h: Any) -> Any:
         k = memo.get(id(h))
@@ -314,8 +316,10 @@ def group_key(group: Sequence[int], programs: dict[int, Sequence[Program]], tens
             name: Any = h.name
             base_name = name.split("[", 1)[0]
             # "K0_tcm": a TCM name made from a tensor's, renamed with it -- from the first tensor met whose name
-            # is a proper prefix (looked up prefix by prefix: a group may hold thousands of tensors)
-            tids = [t for t in (hbm_ids.get(base_name[:k]) for k in range(1, len(base_name))) if t is not None]
+            # is a proper prefix (looked up prefix by prefix, only at the lengths the tensors' names have: a
+            # group may hold thousands of tensors, and its names are mostly of a few lengths)
+            n = len(base_name)
+            tids = [t for t in (hbm_ids.get(base_name[:k]) for k in name_lengths if k < n) if t is not None]
             if tids:
                 tid = min(tids)
                 if base_name not in named:
@@ -336,6 +340,7 @@ def group_key(group: Sequence[int], programs: dict[int, Sequence[Program]], tens
                 tensor_names.append(t.name)
                 hbm_names.append(t.name)
                 hbm_ids.setdefault(t.name, tid)
+                name_lengths.add(len(t.name))
             cid = channel_ids.setdefault(h.channel, len(channel_ids))
             base = (1, tid, h.addr - t.addr, h.shape, h.dtype, h.pinned, cid, h.channel in shared,
                     h.name[len(t.name):] if h.name.startswith(t.name) else None)
@@ -362,10 +367,14 @@ def group_key(group: Sequence[int], programs: dict[int, Sequence[Program]], tens
         # an op is its kind, scope and shipped scalars (a GEMM's m, k, n, trans_b by value: they shape its
         # stages; other scalars by name: their values change numbers, never times) and its handles' keys,
         # which hold their space, shape, dtype and pinning: everything its plan depends on (OpSpec.signature)
-        return ("cmd", tuple([(op.kind, op.scope, tuple(op.extra.items()) if op.kind == "gemm" else tuple(op.extra),
-                               tuple([(n, hkey(h)) for n, h in op.operands.items()]),
-                               None if op.out is None else hkey(op.out)) for op in cmd.ops]),
-                tuple([hkey(h) for h in cmd.rw_handles]), tuple([hkey(h) for h in cmd.scratch]), cmd.label, it)
+        # (plain strings and tuples: the key is hashed, and an enum's hash is a Python-level call; a handle's
+        # key is looked up in the memo inline, hkey making it the first time)
+        return ("cmd", tuple([(op.kind, op.scope._value_,
+                               tuple(op.extra.items()) if op.kind == "gemm" else tuple(op.extra),
+                               tuple([(n, known(id(h)) or hkey(h)) for n, h in op.operands.items()]),
+                               None if op.out is None else known(id(op.out)) or hkey(op.out)) for op in cmd.ops]),
+                tuple([known(id(h)) or hkey(h) for h in cmd.rw_handles]),
+                tuple([known(id(h)) or hkey(h) for h in cmd.scratch]), cmd.label, it)
 
     key = []
     for pe in group:
@@ -529,8 +538,9 @@ def simulate_device(programs: dict[int, list[Program]], topo, tensors: Sequence[
     index = tensor_index(tensors) if keyed else None
     for group in grouped:
         key, names, chans = group_key(group, programs, tensors, shared, index) if keyed else (None, (), ())
-        if key is not None and key in seen:  # an identical group: its records are the earlier one's
-            src_group, src_names, src_chans = seen[key]
+        hit = seen.get(key) if key is not None else None  # one lookup: hashing a key walks all of it
+        if hit is not None:  # an identical group: its records are the earlier one's
+            src_group, src_names, src_chans = hit
             rename, chan_map = dict(zip(src_names, names)), dict(zip(src_chans, chans))
             for pe, src in zip(group, src_group):
                 tl, sched, state = out[src]
