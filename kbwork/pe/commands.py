@@ -86,6 +86,7 @@ class OpSpec:
     out: Handle | None = None
     #: ``8 + 8 x (#operand handles + #out handles) + 4 x #scalar extras`` (ADR-0064 D2), computed once.
     logical_bytes: int = field(init=False, repr=False, compare=False)
+    #: ``(signature, read_spans)``, made on first use of either (see :attr:`signature`).
     _described: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -23,7 +23,6 @@ flat op lists only.
 from __future__ import annotations
 
 import functools
-
 import math
 from dataclasses import dataclass
 from typing import Any, Sequence
