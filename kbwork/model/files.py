@@ -168,7 +168,8 @@ class Model:
         Raises:
             ValidationError: ``context`` not a positive int.
         """
-        if isinstance(context, bool) or not isinstance(context, numbers.Integral) or context <= 0:
+        if (context.__class__ is not int and (isinstance(context, bool) or not isinstance(context, numbers.Integral))) \
+                or context <= 0:  # a plain int tested first: the abstract-class test is a Python-level call
             raise ValidationError(f"Model.kv_bytes: context must be a positive int (a KV length), got {context!r} "
                                   f"({type(context).__name__}).")
         return 2 * self.kv_heads * int(context) * self.head_dim * BYTES_PER_ELEMENT
