@@ -177,7 +177,7 @@ def with_bounds(sweep: pd.DataFrame, *, host: Any = None, device: Any = None) ->
         ValidationError: ``sweep`` lacks a column it needs, or records an invalid host or device.
         ConfigError: a bad host or device.
     """
-    from .sweeps import recorded_setup
+    from .sweeps import setup_of
 
     need = {"model", "batch", "context", "placement", "schedule", "tokens_per_s"}
     if not isinstance(sweep, pd.DataFrame) or not need <= set(sweep.columns):
@@ -185,9 +185,7 @@ def with_bounds(sweep: pd.DataFrame, *, host: Any = None, device: Any = None) ->
                               f"{', '.join(sorted(need))}.")
     host_cols = [c for c in HOST_KEYS[1:] if c in sweep.columns]
     dev_cols = [c for c in ("clock_ghz", *DEVICE_KEYS) if c in sweep.columns]
-    rec_host, rec_device = recorded_setup(sweep, "with_bounds")
-    base_host = load_host(host if host is not None else rec_host if rec_host is not None else "h200")
-    base_device = load_device(device if device is not None else rec_device if rec_device is not None else DEVICE_V1)
+    base_host, base_device = setup_of(sweep, host, device, "with_bounds")
     cache: dict[tuple, PhysicalBound] = {}
     kinds, tps = [], []
     for r in sweep.to_dict(orient="records"):

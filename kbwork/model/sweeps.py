@@ -178,6 +178,19 @@ def recorded_setup(frame: Any, where: str) -> tuple[Any, Any]:
     return host, device
 
 
+def setup_of(frame: Any, host: Any, device: Any, where: str) -> tuple[Any, Any]:
+    """The host and device to read ``frame`` (a sweep) at: ``host`` and ``device`` where given, else the ones
+    the frame records (:func:`recorded_setup`), else ``h200`` and ``ahbm-device-v1``. A Host and a Device.
+
+    Raises:
+        ValidationError: the frame records an invalid host or device.
+        ConfigError: a bad ``host`` or ``device``.
+    """
+    rec_host, rec_device = recorded_setup(frame, where)
+    return (load_host(host if host is not None else rec_host if rec_host is not None else "h200"),
+            load_device(device if device is not None else rec_device if rec_device is not None else DEVICE_V1))
+
+
 def _check_axis_value(name: str, val: Any, base_host: Any, base_device: Any) -> None:
     try:
         if name == "model":

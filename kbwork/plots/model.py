@@ -25,7 +25,7 @@ from ..errors import ValidationError
 from ..model.bounds import BOUND_KINDS, bound_kind_of, physical_bound
 from ..model.device import DEVICE_V1, load_device
 from ..model.files import load_host, load_model
-from ..model.sweeps import recorded_setup
+from ..model.sweeps import setup_of
 from . import VALUE_WORDS, VARIANT_COLORS, _check_ax, _variant_colors
 
 #: The GPU alone's colour.
@@ -88,9 +88,7 @@ def _setup(sweep: pd.DataFrame, host: Any, device: Any, where: str, skip: tuple[
     else ``h200`` and ``ahbm-device-v1`` (a frame built by hand, read from a CSV, or a concat of sweeps on
     different setups records none), with the swept bound keys applied (one value each; a column in ``skip``
     is left to each panel)."""
-    rec_host, rec_device = recorded_setup(sweep, where)
-    h = load_host(host if host is not None else rec_host if rec_host is not None else "h200")
-    d = load_device(device if device is not None else rec_device if rec_device is not None else DEVICE_V1)
+    h, d = setup_of(sweep, host, device, where)
     fix = "the bound differs between them; select one first."
     host_keys = {k: _one(sweep, k, where, fix) for k in _BOUND_HOST_KEYS if k in sweep.columns and k not in skip}
     dev_keys = {k: _one(sweep, k, where, fix) for k in _BOUND_DEVICE_KEYS if k in sweep.columns and k not in skip}
