@@ -1613,7 +1613,7 @@ def cycles_bars(sweep_df: pd.DataFrame, group: str = "hazard_policy", ax: plt.Ax
                               f"and the group's, got {type(sweep_df).__name__}.")
     _check_column_name(group, "group", where)
     if group not in sweep_df.columns:
-        raise ValidationError(f"cycles_bars: no column {group!r} in the sweep.")
+        raise ValidationError(f"{where}: no column {group!r} in the sweep.")
     if baseline is not None:
         _check_baseline(sweep_df, baseline, where)
     else:
@@ -1626,10 +1626,9 @@ def cycles_bars(sweep_df: pd.DataFrame, group: str = "hazard_policy", ax: plt.Ax
         raise ValidationError(f"{where}: order must be a list of the groups ({present}) in the order to draw "
                               f"them, or None, got {order!r:.60}.")
     order = list(order)
-    if not all(isinstance(g, Hashable) for g in order):
-        raise ValidationError(f"cycles_bars: order {order} must list exactly the groups {present}.")
-    if set(order) != set(present):
-        raise ValidationError(f"cycles_bars: order {order} must list exactly the groups {present}.")
+    # hashable first: set() of an unhashable group would be a TypeError
+    if not all(isinstance(g, Hashable) for g in order) or set(order) != set(present):
+        raise ValidationError(f"{where}: order {order} must list exactly the groups {present}.")
     wide = sweep_df.pivot_table(index=group, columns="variant", values="cycles", aggfunc="first").reindex(order)
     variants = list(wide.columns)
     if ax is None:
@@ -1677,9 +1676,6 @@ def gate_map(grid: pd.DataFrame, ax: plt.Axes | None = None, threshold: float = 
             ``ax`` is not an Axes.
     """
     where = "gate_map"
-    if not isinstance(grid, pd.DataFrame) or grid.empty:
-        raise ValidationError("gate_map: grid must be a non-empty analysis.ratio_grid() DataFrame "
-                              "(FIXED rows, R columns).")
     _check_table(grid, "grid", where, "analysis.ratio_grid(...)", "FIXED rows, R columns, dispatch ratios",
                  "pass analysis.ratio_grid(bytes_opt2, bytes_opt3, fixed_values, r_values)", labels=True)
     _check_positive(threshold, "threshold", where, "the dispatch ratio whose contour is drawn, e.g. 2.0",
