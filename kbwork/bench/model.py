@@ -208,9 +208,10 @@ def cold_step(model_name: str, batch: int, context: int) -> dict[str, float]:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def interactive(min_seconds: float, cold_runs: int = COLD_RUNS) -> list[dict[str, Any]]:
+def interactive(min_seconds: float, cold_runs: int | None = None) -> list[dict[str, Any]]:
     """Each :data:`INTERACTIVE` step: its median warm wall time (the cases interleaved) and its first call in a
-    fresh interpreter (median of ``cold_runs``)."""
+    fresh interpreter (median of ``cold_runs``, default :data:`COLD_RUNS` read at the call)."""
+    cold_runs = COLD_RUNS if cold_runs is None else cold_runs
     from .. import model
     from . import WARMUP_RUNS
     from .loops import interleaved
