@@ -98,25 +98,30 @@ def test_loops_suite_refuses_kv_lens(capsys):
     assert exc.value.code == 2 and "--kv-lens does not apply" in capsys.readouterr().err
 
 
-def test_interleaved_calls_a_fast_side_several_times_per_round_of_a_slow_one():
+def test_interleaved_calls_a_fast_side_several_times_per_round_of_a_slow_one(monkeypatch):
     """A side 10 times faster than the other is called about 10 times a round, so the slow side is not run
     until the fast one has its seconds."""
-    import time as _time
+    import types
 
+    from kbwork.bench import loops
     from kbwork.bench.loops import interleaved
 
+    # a clock the two sides advance by their own durations: the counts follow from the rule, not from how
+    # long this machine's sleep takes under load
+    clock = [0.0]
+    monkeypatch.setattr(loops, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
     calls = []
 
     def slow():
         calls.append("s")
-        _time.sleep(0.05)
+        clock[0] += 0.05
 
     def fast():
         calls.append("f")
-        _time.sleep(0.005)
+        clock[0] += 0.005
 
     t = interleaved({"s": slow, "f": fast}, 0.1, repeats=2, warmup=1, batch=True)
     timed = calls[2:]
     assert set(t) == {"s", "f"} and timed[0] == "s"
-    # each round is one slow call, then the fast ones; the fast side gets at least 3 per slow call
-    assert timed.count("f") >= 3 * timed.count("s") and timed.count("s") >= 2
+    # each round is one slow call, then slowest / fast = 10 fast ones, until both have 0.1 s and 2 calls
+    assert timed == (["s"] + ["f"] * 10) * 2
