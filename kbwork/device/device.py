@@ -366,15 +366,29 @@ def group_key(group: Sequence[int], programs: dict[int, Sequence[Program]], tens
             return ("dma", hkey(cmd.src), hkey(cmd.dst), label, it)
         # an op is its kind, scope and shipped scalars (a GEMM's m, k, n, trans_b by value: they shape its
         # stages; other scalars by name: their values change numbers, never times) and its handles' keys,
-        # which hold their space, shape, dtype and pinning: everything its plan depends on (OpSpec.signature)
-        # (plain strings and tuples: the key is hashed, and an enum's hash is a Python-level call; a handle's
-        # key is looked up in the memo inline, hkey making it the first time)
-        return ("cmd", tuple([(op.kind, op.scope._value_,
-                               tuple(op.extra.items()) if op.kind == "gemm" else tuple(op.extra),
-                               tuple([(n, known(id(h)) or hkey(h)) for n, h in op.operands.items()]),
-                               None if op.out is None else known(id(op.out)) or hkey(op.out)) for op in cmd.ops]),
-                tuple([known(id(h)) or hkey(h) for h in cmd.rw_handles]),
-                tuple([known(id(h)) or hkey(h) for h in cmd.scratch]), cmd.label, it)
+        # which hold their space, shape, dtype and pinning: everything its plan depends on (OpSpec.signature).
+        # One flat tuple per command: an op's kind fixes how many operands follow it (validated against the op
+        # table), so the flat sequence reads back unambiguously. (Plain strings and tuples: the key is hashed,
+        # and an enum's hash is a Python-level call; a handle's key is looked up in the memo inline, hkey
+        # making it the first time; no comprehension per op, each of which is a call of its own.)
+        flat: list = ["cmd", cmd.label, it]
+        put = flat.append
+        for op in cmd.ops:
+            put(op.kind)
+            put(op.scope._value_)
+            put(tuple(op.extra.items()) if op.kind == "gemm" else tuple(op.extra))
+            for n, h in op.operands.items():
+                put(n)
+                put(known(id(h)) or hkey(h))
+            h = op.out
+            put(None if h is None else known(id(h)) or hkey(h))
+        put(0)  # then the rw handles, and after 1 the scratch (ints: never an op's kind nor a handle's key)
+        for h in cmd.rw_handles:
+            put(known(id(h)) or hkey(h))
+        put(1)
+        for h in cmd.scratch:
+            put(known(id(h)) or hkey(h))
+        return tuple(flat)
 
     key = []
     for pe in group:
