@@ -1006,3 +1006,40 @@ def test_a_ratio_grid_of_no_dispatch_at_all_is_undefined_not_infinite():
     grid = an.ratio_grid([], [], [40], [0.1])
     assert np.isnan(grid.iloc[0, 0])
     assert an.ratio_grid([], [60], [40], [0.1]).iloc[0, 0] == np.inf
+
+
+def test_a_recipes_own_ops_are_still_checked_for_scalars_shapes_and_the_ops_around_them(monkeypatch):
+    """Validation trusts a recipe's expansion for what its descriptor and operand checks guarantee (operand
+    names, handle types, spaces), never for scalars or shapes, nor for the composite's other ops."""
+    from kbwork.triton_emu.tl_recipes import RECIPE_DESCRIPTORS, EngineOp, RecipeDescriptor, ScratchSpec
+
+    # copy ships no scalar: a descriptor may bind one all the same, and the expansion must refuse it
+    monkeypatch.setitem(RECIPE_DESCRIPTORS, "scaled_copy", RecipeDescriptor(
+        name="scaled_copy", operands={"x": "R"}, scratch=(ScratchSpec("y", "x", "fp32"),),
+        engine_seq=(EngineOp("MATH", "copy", ("x",), "y", scalars={"factor": 2.0}),)))
+    other = Simulator(mode="timing")
+    foreign = other.hbm("F", shape=(8, 8), dtype="fp32")
+
+    def run(body):
+        sim = Simulator(mode="timing")
+        a = sim.hbm("A", shape=(4, 8), dtype="fp32")
+        return sim.run(lambda tl, a: body(tl, a), a)
+
+    def bad_scalar(tl, a):
+        x = tl.load(a, name="x")
+        tl.composite(op="math", prologue=[{"op": "scaled_copy", "x": x}])
+
+    with pytest.raises(ValidationError, match=r"op 0 \(copy, step 1 of recipe 'scaled_copy' in prologue\[0\]\): "
+                                              r"scalars \['factor'\] do not match; copy takes none"):
+        run(bad_scalar)
+
+    def foreign_head(tl, a):  # the recipe's ops are fine; the GEMM after them holds another simulator's tensor
+        s = tl.alloc((4, 8), "fp32", name="s")
+        m, l = tl.full((4, 1), 0.0, "fp32", name="m"), tl.full((4, 1), 0.0, "fp32", name="l")
+        O = tl.full((4, 8), 0.0, "fp32", name="O")
+        tl.composite(prologue=[{"op": "softmax_merge", "s": s, "m": m, "l": l, "O": O}], op="gemm",
+                     b=foreign, out=O)
+
+    with pytest.raises(ValidationError, match=r"op 8 \(gemm\): handle 'F' comes from the HBM of simulator #\d+, "
+                                              r"not the HBM of simulator #\d+"):
+        run(foreign_head)

@@ -55,6 +55,10 @@ def _is_handle(x: Any) -> bool:
     return isinstance(x, Handle)
 
 
+#: no flat indices: a composite without a recipe (a module constant: in TLContext, ``range`` is tl.range)
+_NO_OPS = range(0)
+
+
 def _is_int(x: Any) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
 
@@ -482,9 +486,11 @@ class TLContext:
         for h in rw:
             if not _is_handle(h):
                 raise ValidationError(f"{where}: rw_handles holds {h!r}, which is not a tensor handle.")
-            self._own(h, f"{where} rw_handles")
-        self._check_ops(flat, where)
-        _validate_ops(flat, where, notes)
+            if not self._owns(h):
+                self._own(h, f"{where} rw_handles")
+        made = _made_by_recipe(notes)
+        self._check_ops(flat, where, made)
+        _validate_ops(flat, where, notes, made)
         return self._emit(CompositeCmd(self._next(primary), flat, rw, True, scratch,
                                        label if label is not None else "+".join(o.kind for o in flat),
                                        self._iter))
@@ -502,8 +508,12 @@ class TLContext:
             arena = self.hbm if h.space is Space.HBM else self.tcm
             raise ValidationError(f"{where}: {arena.check(h)}")
 
-    def _check_ops(self, flat: tuple[OpSpec, ...], where: str) -> None:
+    def _check_ops(self, flat: tuple[OpSpec, ...], where: str, made: range = _NO_OPS) -> None:
+        """Refuse an op's handle this run does not own. The ops at ``made`` are a recipe's expansion: their
+        handles are the recipe's operands, which the expansion checked, and scratch it allocated."""
         for i, o in enumerate(flat):
+            if i in made:
+                continue
             for h in (*o.operands.values(), o.out):
                 if isinstance(h, Handle) and not self._owns(h):
                     self._own(h, f"{where} op {i} ({o.kind})")
@@ -666,9 +676,11 @@ class TLContext:
                 raise ValidationError(f"{where}: operand {n}={h.name} is in HBM (a {role} operand); recipe operands must "
                                       f"be in TCM (ADR-0065 D6.2/D6.7). tl.load it first, or allocate it with tl.alloc.")
             operands[n] = h
-        for n in rd.rw_operands:
+        rw_names = rd.rw_operands
+        for k, n in enumerate(rw_names):
             for other in rd.operands:
-                if other != n and operands[n].overlaps(operands[other]):
+                # each pair once: an RW operand before n in rw_names was already checked against n
+                if other != n and other not in rw_names[:k] and operands[n].overlaps(operands[other]):
                     raise ValidationError(f"{where}: RW operand {n}={operands[n].name} aliases operand "
                                           f"{other}={operands[other].name}; writing {n} in place would clobber it. "
                                           f"Give each operand its own buffer.")
@@ -686,7 +698,7 @@ class TLContext:
             extra = {k: params[v] if isinstance(v, str) else v for k, v in scalars.items()} if scalars else {}
             specs.append(OpSpec.built(kind, Scope.KERNEL, {port: env[x] for port, x in zip(ports, srcs)}, extra,
                                       env[dst]))
-        rw = [operands[n] for n in rd.rw_operands]
+        rw = [operands[n] for n in rw_names]
         primary = scratch[rd.primary_out.name] if rd.primary_out is not None else None
         return specs, rw, tuple(scratch.values()), primary
 
@@ -831,6 +843,14 @@ def _recipe_notes(rd: RecipeDescriptor, entry: str, first: int) -> tuple[int, in
     return first, len(rd.engine_seq), rd.name, entry
 
 
+def _made_by_recipe(notes: Sequence[tuple[int, int, str, str]]) -> range:
+    """The flat indices of the ops a composite's recipe expanded into (a composite holds at most one recipe)."""
+    if not notes:
+        return _NO_OPS
+    first, steps, _, _ = notes[0]
+    return range(first, first + steps)
+
+
 def _check_list(seq: Any, what: str) -> None:
     if seq.__class__ is list or seq.__class__ is tuple:
         return
@@ -961,9 +981,13 @@ def validate_ops(ops: tuple[OpSpec, ...], where: str | int = "composite") -> Non
     _validate_ops(ops, f"command #{where}" if isinstance(where, int) else where)
 
 
-def _validate_ops(ops: tuple[OpSpec, ...], where: str, notes: Sequence[tuple[int, int, str, str]] = ()) -> None:
+def _validate_ops(ops: tuple[OpSpec, ...], where: str, notes: Sequence[tuple[int, int, str, str]] = (),
+                  made: range = _NO_OPS) -> None:
     """:func:`validate_ops`; ``notes`` says where ops came from (recipe steps, :func:`_recipe_notes`), for the
-    messages."""
+    messages. The ops at ``made`` are a recipe's expansion (:func:`_made_by_recipe`), built from a descriptor
+    checked when it was registered, on operands the expansion checked (TCM handles of this run) and on scratch
+    it allocated in TCM: their operand names, handle types and spaces hold by construction and are not checked
+    again; their scalars, scope, outputs and shapes are."""
     if not ops:
         raise ValidationError(f"{where}: a composite needs at least one op.")
     gemms = [i for i, o in enumerate(ops) if o.kind == "gemm"]
@@ -973,14 +997,15 @@ def _validate_ops(ops: tuple[OpSpec, ...], where: str, notes: Sequence[tuple[int
     head = gemms[0] if gemms else 0
     target: Handle | None = None
     for i, o in enumerate(ops):
-        w = _Where(where, i, o.kind, notes)
+        w = _Where((where, i, o.kind, notes))
         info = OPS.get(o.kind)
         if info is None:
             extra = (f"; recipes ({', '.join(RECIPE_DESCRIPTORS)}) are expanded by tl.composite"
                      if o.kind in RECIPE_DESCRIPTORS else "")
             raise ValidationError(f"{w}: unknown op kind {o.kind!r}; known kinds are {', '.join(OPS)}{extra}.")
         operands = o.operands
-        if operands.keys() != info.operand_set:
+        trusted = i in made
+        if not trusted and operands.keys() != info.operand_set:
             missing = [n for n in info.operands if n not in operands]
             unknown = [n for n in operands if n not in info.operands]
             raise ValidationError(f"{w}: operands {list(operands)} do not match; {o.kind} takes "
@@ -994,7 +1019,7 @@ def _validate_ops(ops: tuple[OpSpec, ...], where: str, notes: Sequence[tuple[int
         for n in info.scalars:
             check_scalar(w, n, extra[n])
         out = o.out
-        for n, h in operands.items():
+        for n, h in () if trusted else operands.items():
             if h.__class__ is not Handle and not isinstance(h, Handle):
                 raise ValidationError(f"{w}: operand {n!r} must be a tensor handle, got {h!r}.")
             if i != head and h.space is not Space.TCM:
@@ -1035,28 +1060,31 @@ def _validate_ops(ops: tuple[OpSpec, ...], where: str, notes: Sequence[tuple[int
             target = out
 
 
-class _Where:
-    """Where an op sits in a composite, in words only when an error needs them (``f"{w}: ..."``)."""
+class _Where(tuple):
+    """Where an op sits in a composite, ``(where, i, kind, notes)``, in words only when an error needs them
+    (``f"{w}: ..."``). A tuple: one is made for every op validated, and making a tuple runs no Python code."""
 
-    __slots__ = ("where", "i", "kind", "notes")
-
-    def __init__(self, where: str, i: int, kind: str, notes: Sequence[tuple[int, int, str, str]] = ()):
-        self.where, self.i, self.kind, self.notes = where, i, kind, notes
+    __slots__ = ()
 
     @property
     def note(self) -> str | None:
         """Which recipe step the op is, if a recipe made it."""
-        for first, steps, recipe, entry in self.notes:
-            if first <= self.i < first + steps:
-                return f"step {self.i - first + 1} of recipe {recipe!r} in {entry}"
+        i = self[1]
+        for first, steps, recipe, entry in self[3]:
+            if first <= i < first + steps:
+                return f"step {i - first + 1} of recipe {recipe!r} in {entry}"
         return None
 
     def __str__(self) -> str:
+        where, i, kind, _ = self
         note = self.note
-        return f"{self.where} op {self.i} ({self.kind}{', ' + note if note else ''})"
+        return f"{where} op {i} ({kind}{', ' + note if note else ''})"
 
     def __format__(self, spec: str) -> str:
         return format(str(self), spec)
+
+    def __repr__(self) -> str:
+        return f"_Where({str(self)!r})"
 
 
 def _check_gemm(o: OpSpec, w: str) -> None:

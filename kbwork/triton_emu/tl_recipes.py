@@ -165,9 +165,10 @@ class RecipeDescriptor:
 
         return tuple((st.kind, OPS[st.kind].operands, st.srcs, st.dst, dict(st.scalars)) for st in self.engine_seq)
 
-    @property
+    @cached_property
     def rw_operands(self) -> tuple[str, ...]:
-        """The RW operands in declaration order (they become the command's ``rw_handles``)."""
+        """The RW operands in declaration order (they become the command's ``rw_handles``); read at every
+        expansion, made once."""
         return tuple(n for n, role in self.operands.items() if role == "RW")
 
     def scratch_bytes(self, operands: Mapping[str, Any]) -> int:
