@@ -49,7 +49,6 @@ import gc
 import io
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tarfile

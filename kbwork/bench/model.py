@@ -211,11 +211,11 @@ def cold_step(model_name: str, batch: int, context: int) -> dict[str, float]:
 def interactive(min_seconds: float, cold_runs: int | None = None) -> list[dict[str, Any]]:
     """Each :data:`INTERACTIVE` step: its median warm wall time (the cases interleaved) and its first call in a
     fresh interpreter (median of ``cold_runs``, default :data:`COLD_RUNS` read at the call)."""
-    cold_runs = COLD_RUNS if cold_runs is None else cold_runs
     from .. import model
     from . import WARMUP_RUNS
     from .loops import interleaved
 
+    cold_runs = COLD_RUNS if cold_runs is None else cold_runs
     fns = {f"{m} batch {b} context {c}": (lambda m=m, b=b, c=c: model.step(m, [c] * b, variant=VARIANT))
            for m, b, c in INTERACTIVE}
     warm = interleaved(fns, min_seconds, warmup=WARMUP_RUNS, collect=True, batch=True)
