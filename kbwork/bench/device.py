@@ -155,7 +155,9 @@ def breakdown(pes: int, kv_len: int, calls: int | None = None) -> dict[str, floa
     """Seconds of each phase of the median one of ``calls`` device-side calls (default
     :data:`BREAKDOWN_CALLS`, read at the call; the call whose ``total`` is the median, of an even number the upper
     middle one): ``setup`` (Simulator, hbm, Launch), ``run_device`` and, inside it, ``emit`` (tracing every launch
-    and lowering it to a program), ``simulate`` (the reductions and the event loop) and ``rest`` (building the run).
+    and lowering it to a program), ``simulate`` (the reductions and the event loop) and ``rest`` (the rest of
+    ``run_device``: checking the launches, building the run, and the young-generation collection over what the
+    run made while the collector was paused, which starts as the pause ends).
 
     The phases are one call's, not medians taken phase by phase, so they add up: ``emit + simulate + rest ==
     run_device`` and ``setup + run_device == total`` (medians of each phase need not, and did not)."""

@@ -76,8 +76,8 @@ class Family:
 
 def _hbm_uses(prog: Program, reads: list[Family], writes: list[Family], chans: set[int]) -> None:
     """Add every HBM range ``prog`` reads and writes to ``reads`` and ``writes`` (a loop's moving slices as
-    families, not one per iteration), and to ``chans`` the channels its transfers move bytes on
-    (:func:`channels_of`): one walk over the commands, a loop's body once."""
+    families, not one per iteration), and to ``chans`` the channels its transfers move bytes on (a DMA's HBM
+    side, a composite's HBM operands and outs): one walk over the commands, a loop's body once."""
     HBM = Space.HBM
 
     def add(h: Handle, out: list[Family], n: int) -> None:
@@ -110,7 +110,6 @@ def _hbm_uses(prog: Program, reads: list[Family], writes: list[Family], chans: s
                     if h.space is HBM:
                         chans.add(h.channel)
                         add(h, reads, n)
-            for op in cmd.ops:
                 h = op.out
                 if h is not None and h.space is HBM:
                     chans.add(h.channel)
@@ -212,20 +211,9 @@ def _tensor_at(tensors: Sequence[Handle], addr: int) -> str:
 
 
 # --- groups ----------------------------------------------------------------------------------------------------
-def channels_of(prog: Program) -> set[int]:
-    """The HBM channels ``prog``'s transfers move bytes on (those of its DMA'd HBM handles)."""
-    out: set[int] = set()
-    for seg in prog.trace.segments:
-        for cmd in (seg.commands if isinstance(seg, Plain) else seg.body):
-            if isinstance(cmd, DmaCmd):
-                hbm = cmd.src if cmd.src.space is Space.HBM else cmd.dst
-                out.add(hbm.channel)
-                continue
-            for op in cmd.ops:
-                for h in list(op.operands.values()) + ([op.out] if op.out is not None else []):
-                    if h.space is Space.HBM:
-                        out.add(h.channel)
-    return out
+def _pe_channels(pe: int, programs: dict[int, Sequence[Program]], uses: dict[int, Uses] | None) -> set[int]:
+    """The channels PE ``pe``'s launches use: from ``uses`` when given, else found in its programs."""
+    return uses[pe].channels if uses is not None else uses_of(programs[pe]).channels
 
 
 def contended_channels(programs: dict[int, Sequence[Program]], topo,
@@ -242,8 +230,7 @@ def _channel_users(programs: dict[int, Sequence[Program]], topo,
     """Channel -> DMA units that may move bytes on it (every DMA unit of every PE using it), ascending."""
     users: dict[int, int] = {}
     for pe in sorted(programs):
-        chans = uses[pe].channels if uses is not None else set().union(set(), *(channels_of(p) for p in programs[pe]))
-        for c in chans:
+        for c in _pe_channels(pe, programs, uses):
             users[c] = users.get(c, 0) + topo.dma_channels
     return dict(sorted(users.items()))
 
@@ -260,8 +247,7 @@ def groups(programs: dict[int, Sequence[Program]], shared: dict[int, int],
         return x
     owner: dict[int, int] = {}
     for pe in sorted(programs):
-        chans = uses[pe].channels if uses is not None else set().union(set(), *(channels_of(p) for p in programs[pe]))
-        for c in sorted(chans & set(shared)):
+        for c in sorted(_pe_channels(pe, programs, uses) & set(shared)):
             if c in owner:
                 a, b = find(owner[c]), find(pe)
                 if a != b:

@@ -65,6 +65,12 @@ class Completion:
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
+def _op_logical_bytes(operands: Mapping[str, Any], extra: Mapping[str, Any], out: Any) -> int:
+    """An op's logical bytes: ``8 + 8 x (#operand handles + #out handles) + 4 x #scalar extras`` (ADR-0064 D2)."""
+    return (LOGICAL_BYTES_PER_OP + LOGICAL_BYTES_PER_HANDLE * (len(operands) + (out is not None))
+            + LOGICAL_BYTES_PER_SCALAR * len(extra))
+
+
 def _freeze(m: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return MappingProxyType(dict(m)) if m else _EMPTY
 
@@ -107,9 +113,7 @@ class OpSpec:
         operands, extra = _freeze(self.operands), _freeze(self.extra)
         set_(self, "operands", operands)
         set_(self, "extra", extra)
-        set_(self, "logical_bytes", LOGICAL_BYTES_PER_OP
-             + LOGICAL_BYTES_PER_HANDLE * (len(operands) + (self.out is not None))
-             + LOGICAL_BYTES_PER_SCALAR * len(extra))
+        set_(self, "logical_bytes", _op_logical_bytes(operands, extra, self.out))
 
     @classmethod
     def built(cls, kind: str, scope: Scope, operands: dict[str, Any], extra: dict[str, Any],
@@ -125,8 +129,7 @@ class OpSpec:
         set_(o, "operands", MappingProxyType(operands) if operands else _EMPTY)
         set_(o, "extra", MappingProxyType(extra) if extra else _EMPTY)
         set_(o, "out", out)
-        set_(o, "logical_bytes", LOGICAL_BYTES_PER_OP + LOGICAL_BYTES_PER_HANDLE * (len(operands) + (out is not None))
-             + LOGICAL_BYTES_PER_SCALAR * len(extra))
+        set_(o, "logical_bytes", _op_logical_bytes(operands, extra, out))
         set_(o, "_described", None)
         return o
 

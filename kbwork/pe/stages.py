@@ -218,7 +218,7 @@ class StageTable:
     def column(self, name: str) -> Sequence:
         """One column by name (``preds`` included)."""
         if name == "preds":
-            return _Preds(self)
+            return self.preds
         if name not in COLUMNS:
             raise KeyError(name)
         return getattr(self, name)
