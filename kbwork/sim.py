@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from .config import Topology, load_topology
-from .errors import SimulationError, ValidationError
+from .errors import KbworkError, SimulationError, ValidationError
 from .memory import DTYPE_MAX, DTYPES, Handle, LoopHandle, Memory, Space, canonical_dtype, check_shape
 from .oplog import build_op_log, concat_op_logs, to_csv, to_perfetto
 from .device import CAUSES, Bindings, Timeline
@@ -203,6 +203,10 @@ class Simulator:
                 have, arguments the kernel's signature refuses), a PE writing another PE's bytes, or any error of a
                 kernel's ``tl`` calls.
             SimulationError: a program deadlocks, or a launch emits no commands.
+
+        In a run of several launches, an error raised while a kernel is traced says which launch raised it: a
+        kbwork error's message starts with ``"PE p, launch i: "``; any other error (the kernel's own) keeps its
+        message and gets that as a note.
         """
         check_steady_state(steady_state, "Simulator.run_device")
         if not isinstance(reductions, bool):
@@ -288,7 +292,12 @@ class Simulator:
             programs[pe], memories[pe] = [], []
             for i, launch in enumerate(lst):
                 label = f"PE {pe}, launch {i}" if several else None
-                tl, tcm, staging = self._trace(launch.kernel, launch.args, launch.kwargs, label)
+                try:
+                    tl, tcm, staging = self._trace(launch.kernel, launch.args, launch.kwargs, label)
+                except Exception as e:
+                    if label is not None:
+                        _name_the_launch(e, label)
+                    raise
                 trace = tl.trace()
                 if not trace.n_commands:
                     kname = getattr(launch.kernel, "__name__", launch.kernel)
@@ -322,6 +331,18 @@ class Simulator:
                         f"in HBM after run {run._index + 1}, which did not write it. Read results before running "
                         f"again, or give each run its own Simulator.")
         return raw.view(DTYPES[h.dtype]).reshape(h.shape)
+
+
+def _name_the_launch(e: BaseException, label: str) -> None:
+    """Say in ``e`` which launch of a device run raised it (``label``: ``"PE 5, launch 0"``): among 96 launches of
+    one kernel, its message alone does not tell. A kbwork error's message starts with the label (the same error,
+    re-raised: its class and traceback are kept); any other error, the kernel's own, gets it as a note."""
+    args = e.args
+    if isinstance(e, KbworkError) and len(args) == 1 and isinstance(args[0], str):
+        if not args[0].startswith(label + ":"):
+            e.args = (f"{label}: {args[0]}",)
+    else:
+        e.add_note(f"(raised while tracing {label} of the device run)")
 
 
 def _check_pe_number(p: Any) -> None:

@@ -215,6 +215,30 @@ def test_arguments_a_kernel_s_signature_refuses_are_a_validation_error_naming_th
     assert sim.run_device({1: Launch(load, x)}).op_log.equals(sim.run_device({1: [Launch(load, x)]}).op_log)
 
 
+def test_an_error_inside_one_launch_of_a_device_run_names_that_launch():
+    def k(tl, x, *, tcm_bytes=0, divide=False):
+        tl.load(x)
+        if tcm_bytes:
+            tl.alloc((tcm_bytes // 4,), "fp32", name="big")
+        if divide:
+            return 1 / 0  # the kernel's own error: it keeps its class and message, and gets a note
+        return None
+
+    sim = kbwork.Simulator(mode="timing", pes=3)
+    x, y = sim.hbm("x", shape=(8, 4), dtype="fp32"), sim.hbm("y", shape=(8, 4), dtype="fp32")
+    with pytest.raises(ValidationError, match=r"^PE 2, launch 1: decode variant 'nope' is unknown"):
+        sim.run_device({0: [Launch(k, x)], 2: [Launch(k, y), Launch(gqa_decode, x, y, y, x, variant="nope", tile=4)]})
+    big = sim.topo.tcm_bytes * 2
+    with pytest.raises(kbwork.TcmOverflowError, match=r"^PE 1, launch 0: TCM overflow allocating 'big'"):
+        sim.run_device({0: [Launch(k, x)], 1: [Launch(k, y, tcm_bytes=big)]})
+    with pytest.raises(ZeroDivisionError, match=r"^division by zero") as info:
+        sim.run_device({0: [Launch(k, x)], 1: [Launch(k, y, divide=True)]})
+    assert info.value.__notes__ == ["(raised while tracing PE 1, launch 0 of the device run)"]
+    # one launch: the message is the kernel's, as from sim.run
+    with pytest.raises(kbwork.TcmOverflowError, match=r"^TCM overflow allocating 'big'"):
+        sim.run_device({1: [Launch(k, y, tcm_bytes=big)]})
+
+
 def test_bad_channels_and_switches_are_refused():
     sim = kbwork.Simulator(mode="timing", pes=4, hbm_channels=2)
     # the message names the topology as the call changed it, not as its file says
