@@ -81,18 +81,23 @@ def footprint(cmd: Command) -> tuple[tuple[Range, ...], tuple[Range, ...]]:
     return tuple(reads), tuple(writes)
 
 
-def _overlap(xs: tuple[Range, ...], ys: tuple[Range, ...]) -> bool:
-    for s1, lo1, hi1 in xs:
-        for s2, lo2, hi2 in ys:
-            if s1 == s2 and lo1 < hi2 and lo2 < hi1:
-                return True
-    return False
-
-
 def conflicts(reads_a: tuple[Range, ...], writes_a: tuple[Range, ...],
               reads_b: tuple[Range, ...], writes_b: tuple[Range, ...]) -> bool:
     """True when a's reads or writes overlap b's writes, or a's writes overlap b's reads."""
-    return _overlap(reads_a, writes_b) or _overlap(writes_a, writes_b) or _overlap(writes_a, reads_b)
+    # one function, no helper per pair of lists: the event loop asks this at every PLAN, of every command in
+    # flight, and a call costs more than the few comparisons it makes
+    for s2, lo2, hi2 in writes_b:
+        for s1, lo1, hi1 in reads_a:
+            if s1 == s2 and lo1 < hi2 and lo2 < hi1:
+                return True
+        for s1, lo1, hi1 in writes_a:
+            if s1 == s2 and lo1 < hi2 and lo2 < hi1:
+                return True
+    for s2, lo2, hi2 in reads_b:
+        for s1, lo1, hi1 in writes_a:
+            if s1 == s2 and lo1 < hi2 and lo2 < hi1:
+                return True
+    return False
 
 
 class CommandTable:
