@@ -452,9 +452,13 @@ def run(dev: DeviceState | PeState, apply: Callable[[object], None] | None = Non
             else:  # PLAN: hazard check against every earlier incomplete command
                 c = cmd_of[s]
                 rd, wr = reads[c], writes[c]
-                hit = []  # a loop, not a comprehension: that would be a call of its own at every PLAN
+                # active is in dispatch order (appended as dispatched, removed as completed): the commands before c
+                # come first. (A loop, not a comprehension: that would be a call of its own at every PLAN.)
+                hit = []
                 for o in active:
-                    if o < c and conflicts(rd, wr, reads[o], writes[o]):
+                    if o >= c:
+                        break
+                    if conflicts(rd, wr, reads[o], writes[o]):
                         hit.append(o)
                 if not hit:  # released at once: _release(P, c, -1, t, E) inlined (the loop's most frequent call)
                     d = dispatch_seq[c]
