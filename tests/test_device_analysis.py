@@ -333,10 +333,15 @@ def test_device_gantt_draws_a_panel_per_pe_and_a_strip_per_channel():
     strip = next(ax for ax in fig.axes if ax.get_gid() == "channel:0")
     loads = [a for a in strip.patches if (a.get_gid() or "").startswith("channel-load:0")]
     assert {a.get_gid() for a in loads} == {"channel-load:0:1", "channel-load:0:2"}
+    assert any(t.get_text().endswith("at most 2 flows at once") for t in strip.texts)
     assert "critical path on PE 1" in fig._suptitle.get_text()
     shared = {ax.get_shared_x_axes().joined(fig.axes[0], ax) for ax in fig.axes if ax.get_gid()}
     assert shared == {True}
     plt.close(fig)
+    alone = plots.device_gantt(two_loads(40, channels=(0, 1)))  # a flow alone on each channel: "1 flow"
+    assert [t.get_text().endswith("at most 1 flow at once") for ax in alone.axes if (ax.get_gid() or "")
+            .startswith("channel:") for t in ax.texts] == [True, True]
+    plt.close(alone)
     fig = plots.device_gantt(run, pes=[1], channels=False)
     assert [ax.get_gid() for ax in fig.axes if ax.get_gid()] == ["pe:1"]
     plt.close(fig)

@@ -100,8 +100,9 @@ def _draw_channel(ax: plt.Axes, steps: Any, c: int, run: Any, summary: Mapping[s
         ax.axhline(bw, color=CHANNEL_COLOR, linestyle="--", linewidth=0.9)
     ax.set_ylim(0, (top or 1.0) * 1.5)  # room above the bandwidth line for the summary
     ax.set_ylabel(f"ch {c}\nB/cycle", rotation=0, ha="right", va="center", fontsize=9)
+    peak = int(summary["peak_flows"])
     ax.text(0.005, 0.96, f"HBM channel {c}: {int(summary['bytes']):,} bytes, busy {100 * summary['busy_fraction']:.0f}% "
-                         f"of the run, at most {int(summary['peak_flows'])} flows at once",
+                         f"of the run, at most {peak} flow{'' if peak == 1 else 's'} at once",
             transform=ax.transAxes, ha="left", va="top", fontsize=8, color="#222222")
     ax.grid(axis="x", alpha=0.3)
     return shades
