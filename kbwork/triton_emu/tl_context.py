@@ -676,14 +676,11 @@ class TLContext:
                 raise ValidationError(f"{where}: operand {n}={h.name} is in HBM (a {role} operand); recipe operands must "
                                       f"be in TCM (ADR-0065 D6.2/D6.7). tl.load it first, or allocate it with tl.alloc.")
             operands[n] = h
-        rw_names = rd.rw_operands
-        for k, n in enumerate(rw_names):
-            for other in rd.operands:
-                # each pair once: an RW operand before n in rw_names was already checked against n
-                if other != n and other not in rw_names[:k] and operands[n].overlaps(operands[other]):
-                    raise ValidationError(f"{where}: RW operand {n}={operands[n].name} aliases operand "
-                                          f"{other}={operands[other].name}; writing {n} in place would clobber it. "
-                                          f"Give each operand its own buffer.")
+        for n, other in rd.alias_pairs:
+            if operands[n].overlaps(operands[other]):
+                raise ValidationError(f"{where}: RW operand {n}={operands[n].name} aliases operand "
+                                      f"{other}={operands[other].name}; writing {n} in place would clobber it. "
+                                      f"Give each operand its own buffer.")
         params: dict[str, Any] = {}
         for p, default in rd.params.items():
             v = given.get(p, default)
@@ -698,7 +695,7 @@ class TLContext:
             extra = {k: params[v] if isinstance(v, str) else v for k, v in scalars.items()} if scalars else {}
             specs.append(OpSpec.built(kind, Scope.KERNEL, {port: env[x] for port, x in zip(ports, srcs)}, extra,
                                       env[dst]))
-        rw = [operands[n] for n in rw_names]
+        rw = [operands[n] for n in rd.rw_operands]
         primary = scratch[rd.primary_out.name] if rd.primary_out is not None else None
         return specs, rw, tuple(scratch.values()), primary
 

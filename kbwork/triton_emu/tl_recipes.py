@@ -171,6 +171,15 @@ class RecipeDescriptor:
         expansion, made once."""
         return tuple(n for n, role in self.operands.items() if role == "RW")
 
+    @cached_property
+    def alias_pairs(self) -> tuple[tuple[str, str], ...]:
+        """``(rw, other)``: the operand pairs an expansion checks for aliasing, each pair once (an RW operand
+        against every other operand, in declaration order, skipping the RW operands before it, which were
+        already paired with it); made once."""
+        rw = self.rw_operands
+        return tuple((n, other) for k, n in enumerate(rw) for other in self.operands
+                     if other != n and other not in rw[:k])
+
     def scratch_bytes(self, operands: Mapping[str, Any]) -> int:
         """Bytes of internal scratch (primary output included) for the given operand handles."""
         from ..memory import DTYPES
