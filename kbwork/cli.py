@@ -9,7 +9,7 @@ simulated, and in data mode so is whether the run fits in the TCM (a
 one-tile timing run, milliseconds, before inputs of gigabytes are made). A
 mistake ends with exit status 2 and one ``kbwork: error: ...`` line
 (argparse's usage line too, for a malformed argument, with a "did you mean"
-for a misspelt option), never a traceback: that covers every
+for a misspelt option, command or choice), never a traceback: that covers every
 :class:`~kbwork.errors.KbworkError` and an ``OSError`` while writing an
 output. Outputs are written atomically to exactly the path given, which must
 end in the suffix of its kind (``--oplog`` .csv, ``--trace`` .json, ``--npz``
@@ -54,6 +54,19 @@ class ArgumentParser(argparse.ArgumentParser):
                     parser = action.choices.get(getattr(ns, action.dest, None), self)
             parser.error(unrecognized(extras, parser))
         return ns
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        """argparse's check of a value against its choices, with the choice meant by a misspelt one
+        (``kbwork compre``: "did you mean 'compare'?"; ``--suite devic``: "did you mean 'device'?")."""
+        choices = action.choices
+        if choices is not None and isinstance(value, str) and value not in choices:
+            scored = [(difflib.SequenceMatcher(None, value, c).ratio(), c) for c in choices if isinstance(c, str)]
+            best = max((s for s, _ in scored), default=0.0)
+            if best >= 0.6:  # difflib.get_close_matches' cutoff; equally close choices are all named
+                meant = " or ".join(repr(c) for s, c in scored if s == best)
+                raise argparse.ArgumentError(action, f"invalid choice: {value!r} (choose from "
+                                                     f"{', '.join(map(repr, choices))}); did you mean {meant}?")
+        super()._check_value(action, value)
 
 
 def unrecognized(extras: list[str], parser: argparse.ArgumentParser) -> str:

@@ -42,6 +42,20 @@ def test_version_and_python_dash_m(capsys):
     assert p.returncode == 0 and "usage: kbwork bench" in p.stdout
 
 
+def test_a_misspelt_choice_says_which_was_meant(capsys):
+    # a command, a flag's choice, and a tie between equally close choices (both are named); nothing close: no guess
+    for argv, meant in ((["compre"], "did you mean 'compare'?"),
+                        (["bench", "--suite", "devic"], "did you mean 'device'?"),
+                        (["explain", "--hazard-policy", "rwaware"], "did you mean 'rw_aware'?"),
+                        (["run", "--variant", "opt4"], "did you mean 'opt2' or 'opt3'?"),
+                        (["run", "--variant", "zzz"], None)):
+        code, out, err = _cli(argv, capsys)
+        assert code == 2 and out == "" and "Traceback" not in err, argv
+        line = err.strip().splitlines()[-1]
+        assert f"invalid choice: {argv[-1]!r}" in line, line
+        assert (line.endswith(meant) if meant else "did you mean" not in line), line
+
+
 def test_the_script_starts_at_the_entry_point_and_cli_alone_refuses_bench(capsys):
     """``cli`` ranks below ``bench`` (DESIGN §9), so the benchmark is passed in by ``kbwork.__main__``."""
     text = (REPO / "pyproject.toml").read_text()
