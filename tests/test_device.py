@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import kbwork
@@ -269,6 +270,46 @@ def test_identical_groups_are_simulated_once_and_keep_their_own_names():
     plain = sim.run_device(plan, reductions=False)
     assert run.to_csv() == plain.to_csv()
     assert set(run.pe(3).op_log.tensor) >= {"K3[0:128]", "q3"} and not any("K0" in t for t in run.pe(3).op_log.tensor)
+    for p in plain.pes:
+        pd.testing.assert_frame_equal(run.pe(p).op_log, plain.pe(p).op_log)
+
+
+def _named_decodes(names):
+    sim = kbwork.Simulator(mode="timing", pes=len(names), hbm_channels=len(names), channel_bytes_per_cycle=40)
+    plan = {}
+    for p, (qn, kn, vn, on) in enumerate(names):
+        q = sim.hbm(qn, shape=(4, 64), dtype="bf16", channel=p)
+        K, V = (sim.hbm(n, shape=(512, 64), dtype="bf16", channel=p) for n in (kn, vn))
+        O = sim.hbm(on, shape=(4, 64), dtype="fp32", channel=p)
+        plan[p] = [Launch(gqa_decode, q, K, V, O, variant="opt2", tile=128)]
+    return sim.run_device(plan), sim.run_device(plan, reductions=False)
+
+
+def test_a_replica_s_op_log_is_the_plain_one_when_its_names_sort_otherwise():
+    # PE 1's names sort in another order than PE 0's (K < V < out < q there, A < B < C < D here): the replica's
+    # tensor column must still be the frame the plain simulation gives, its categories in sorted order
+    run, plain = _named_decodes([("q", "K", "V", "out"), ("D", "C", "B", "A")])
+    assert run.reductions.replicated_from == {1: 0}
+    for p in plain.pes:
+        pd.testing.assert_frame_equal(run.pe(p).op_log, plain.pe(p).op_log)
+    pd.testing.assert_frame_equal(run.op_log, plain.op_log)
+    assert list(run.pe(1).op_log.tensor.cat.categories) == sorted(set(run.pe(1).op_log.tensor.astype(str)))
+
+
+@pytest.mark.parametrize("names", [
+    [("q", "K", "V", "O"), ("D", "C", "B", "A")],            # the kernel's TCM accumulator is "O" too
+    [("q|0", "K|0", "V|0", "o|0"), ("q|1", "K|1", "V|1", "o|1")],  # "|" joins a fetch's two names
+    [("q[0]", "K[0]", "V[0]", "o[0]"), ("q[1]", "K[1]", "V[1]", "o[1]")],  # "[" starts a slice
+], ids=["tcm-named-like-a-tensor", "bar", "bracket"])
+def test_names_a_replica_could_not_rename_by_their_text_are_simulated(names):
+    # a replica renames the names in its labels and tensor column by their text: with a TCM buffer named like
+    # an HBM tensor it would call PE 1's store of its TCM "O" "dma_store A", and names holding "|" or "[" it
+    # would split wrongly ("Q|K|0[0:128]"). Such a group is simulated, and the op_log is the plain one
+    run, plain = _named_decodes(names)
+    assert run.reductions.replicated_from == {} and run.reductions.simulated == 2
+    pd.testing.assert_frame_equal(run.op_log, plain.op_log)
+    if names[0][3] == "O":
+        assert "dma_store O" in set(run.pe(1).op_log.label.astype(str))
 
 
 @pytest.mark.parametrize("seed", range(10))
@@ -285,9 +326,14 @@ def test_random_device_runs_match_the_cycle_stepped_reference_stage_for_stage(se
 def test_reductions_and_the_steady_state_give_the_plain_simulation_s_op_log(chunk):
     for seed in range(100 + 10 * chunk, 110 + 10 * chunk):
         case = random_device_case(seed)
-        plain = case.sim.run_device(case.plan, reductions=False, steady_state=False).to_csv()
-        assert case.sim.run_device(case.plan).to_csv() == plain, case
+        plain_run = case.sim.run_device(case.plan, reductions=False, steady_state=False)
+        plain = plain_run.to_csv()
+        reduced = case.sim.run_device(case.plan)
+        assert reduced.to_csv() == plain, case
         assert case.sim.run_device(case.plan, steady_state=False).to_csv() == plain, case
+        # the frames too, dtypes and the categories' order included, PE by PE (a replica renames its tensors)
+        for p in plain_run.pes:
+            pd.testing.assert_frame_equal(reduced.pe(p).op_log, plain_run.pe(p).op_log)
 
 
 @pytest.mark.parametrize("chunk", range(3))

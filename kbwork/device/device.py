@@ -301,6 +301,12 @@ def group_key(group: Sequence[int], programs: dict[int, Sequence[Program]], tens
         if h.space is Space.TCM:
             name: Any = h.name
             base_name = name.split("[", 1)[0]
+            if base_name in hbm_all or "|" in name:
+                # a replica renames the names in its labels and tensor column by their text (rename_tensor):
+                # a TCM buffer named like an HBM tensor ("O" beside a tensor O) would be renamed with it, and
+                # "|" is what separates a fetch's two names
+                undescribable.append(h)
+                return ("?",)
             # "K0_tcm": a TCM name made from a tensor's, renamed with it -- from the first tensor met whose name
             # is a proper prefix (looked up prefix by prefix, only at the lengths the tensors' names have: a
             # group may hold thousands of tensors, and its names are mostly of a few lengths)
@@ -319,6 +325,9 @@ def group_key(group: Sequence[int], programs: dict[int, Sequence[Program]], tens
                 undescribable.append(h)  # HBM bytes outside every tensor: no relative address to give
                 return ("?",)
             t = by_addr[i]
+            if "|" in t.name or "[" in t.name:
+                undescribable.append(h)  # a name rename_tensor would split ("|": a fetch's pair, "[": a slice)
+                return ("?",)
             tid = tensor_ids.get(t.addr)
             if tid is None:
                 tid = tensor_ids[t.addr] = len(tensor_ids)
