@@ -418,10 +418,15 @@ def rename_label(label: str, rename: dict[str, str]) -> str:
             return verb + rename_tensor(label[len(verb):], rename)
     return label
 
+
 def rename_tensor(name: str, rename: dict[str, str]) -> str:
     """``name`` (an op_log ``tensor``: ``K[0:128]``, ``a|b``) with every HBM tensor in it renamed by ``rename``."""
     if not name:
         return name
+    if "|" not in name:  # most names: one tensor, or a slice of one
+        base = name.partition("[")[0]
+        new = rename.get(base)
+        return name if new is None else new + name[len(base):]
     parts = name.split("|")
     for i, part in enumerate(parts):
         base = part.split("[", 1)[0]
@@ -470,10 +475,21 @@ class _RenamedTable:
     @property
     def tensor(self) -> pd.Categorical:
         if self._tensor is None:
-            col = pd.Categorical(self._t.tensor)
-            cats = [rename_tensor(str(c), self._rename) for c in col.categories]
-            # renaming keeps distinct names distinct (tensors map one to one), but may reorder them
-            self._tensor = pd.Categorical(np.asarray(cats, dtype=object)[col.codes] if len(col) else [])
+            col = pd.Categorical(self._t.tensor).remove_unused_categories()
+            rename = self._rename
+            cats = [rename_tensor(str(c), rename) for c in col.categories.tolist()]
+            codes = np.asarray(col.codes)
+            if len(set(cats)) == len(cats) and not (codes < 0).any():
+                # renaming keeps distinct names distinct (tensors map one to one) but may reorder them: the
+                # categories sorted again, as a categorical made from the renamed names has them, and each
+                # stage's code mapped to its name's new place (no name is made per stage)
+                order = sorted(range(len(cats)), key=cats.__getitem__)
+                place = np.empty(len(cats), dtype=np.int64)
+                place[order] = np.arange(len(cats))
+                self._tensor = pd.Categorical.from_codes(place[codes], categories=[cats[i] for i in order],
+                                                         validate=False)
+            else:  # (code -1, a missing name, reads the None after the names)
+                self._tensor = pd.Categorical(np.asarray(cats + [None], dtype=object)[codes] if len(col) else [])
         return self._tensor
 
     def column(self, name: str) -> Any:
