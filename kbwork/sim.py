@@ -24,6 +24,7 @@ from .device.loop import LaunchMemory
 from .device.replay import FlowMismatch, counters_from, loads_from
 from .device.steady import SteadyState, check_steady_state, simulate_pe
 from .pe.scheduler import Program
+from .pe.stages import unit_names
 from .pe.tiling import StagingRing
 from .triton_emu.tl_context import TLContext
 
@@ -571,6 +572,12 @@ class Run:
         return len(self.program.table)
 
     @property
+    def units(self) -> tuple[str, ...]:
+        """The op_log ``engine`` name of every unit of the PE, used or not, in track order (the categories of the
+        op_log's ``engine`` column, without building the op_log)."""
+        return unit_names(self.timeline.engines)
+
+    @property
     def stage_channels(self) -> np.ndarray:
         """The HBM channel each stage moves bytes on, aligned with the op_log's rows (-1 for a stage that is not
         a DMA of an HBM tensor)."""
@@ -812,6 +819,12 @@ class DeviceRun(Run):
     @property
     def n_stages(self) -> int:
         return sum(r.n_stages for r in self.runs.values())
+
+    @property
+    def units(self) -> tuple[str, ...]:
+        """Every PE's units (each PE has the same), as :attr:`Run.units`: the categories of the device op_log's
+        ``engine`` column, without building it."""
+        return max((r.units for r in self.runs.values()), key=len)
 
     @property
     def stage_channels(self) -> np.ndarray:

@@ -267,6 +267,32 @@ def test_explain_of_a_device_speaks_for_the_pe_its_critical_path_runs_on():
     assert lost["fraction"] >= 0.05 and "is contended" in x.sentence and f"lost {lost['cycles']} cycles" in x.sentence
 
 
+def test_explaining_a_device_run_reads_its_critical_path_s_pe_only(cases):
+    """explain, attribution and path_contention of a device run give what the whole device op_log gives, and
+    leave it unbuilt (96 decode tasks make 500,000 rows, and the path runs on one PE)."""
+    from kbwork.oplog import engine_tracks
+
+    seen = 0
+    for case, _ in cases:
+        run = case.sim.run_device(case.plan)
+        if len(run.pes) < 2:
+            continue
+        seen += 1
+        x = analysis.explain(run)
+        att = analysis.attribution(run)
+        lost = analysis.path_contention(run)
+        assert run._op_log is None, case  # nothing above built the device's op_log
+        assert run.units == engine_tracks(run.op_log["engine"]), case
+        path = run.critical_path()
+        con = analysis.contention(run)  # every PE's DMA rows, from the device op_log
+        on = con[con["seq"].isin(path["seq"].to_numpy()) & (con["lost"] > 0)]
+        assert lost["cycles"] == int(on["lost"].sum()), case
+        assert lost["channels"] == {int(c): int(v) for c, v in on.groupby("channel")["lost"].sum().items()}, case
+        assert att["name"].tolist()[:len(run.units)] == list(run.units), case
+        assert x.bound["contention_cycles"] == lost["cycles"], case
+    assert seen >= 5
+
+
 # --- Perfetto ------------------------------------------------------------------------------------------------
 def test_perfetto_has_a_process_per_pe_and_a_counter_per_channel():
     sim = kbwork.Simulator(mode="timing", pes=4, hbm_channels=2, channel_bytes_per_cycle=40)

@@ -323,7 +323,7 @@ def attribution(run) -> pd.DataFrame:
     run = _resolve_run_only(run)
     path = run.critical_path()
     dur = (path["end"] - path["start"]).to_numpy(np.int64)
-    tracks = engine_tracks(run.op_log["engine"])
+    tracks = run.units  # the op_log's engine categories; a device's op_log is not built for them
     by_engine = np.bincount(pd.Categorical(path["engine"], categories=tracks).codes, weights=dur,
                             minlength=len(tracks)).astype(np.int64)
     by_cause = np.bincount(path["cause"].cat.codes.to_numpy(), weights=dur, minlength=len(CAUSES)).astype(np.int64)

@@ -283,9 +283,16 @@ def path_contention(run: Any, path: pd.DataFrame | None = None) -> dict[str, Any
         ``cycles`` (lost, summed over the path's DMA rows), ``fraction`` (of ``run.cycles``) and
         ``channels`` (channel -> cycles lost there, the channels that lost any, ascending).
     """
+    from ..sim import DeviceRun
+
     run = run_of(run, "path_contention")
     path = run.critical_path() if path is None else path
-    con = contention(run)
+    if isinstance(run, DeviceRun) and "pe" in path:
+        # each row is read by itself, so the path's PEs' own rows are the device's for them: the device's
+        # op_log (every PE's, 500,000 rows for 96 decode tasks) is not built for a path on one PE
+        con = pd.concat([contention(run.pe(int(p))) for p in np.unique(path["pe"].to_numpy())], ignore_index=True)
+    else:
+        con = contention(run)
     on = con[con["seq"].isin(path["seq"].to_numpy()) & (con["lost"] > 0)]
     per = on.groupby("channel", sort=True)["lost"].sum()
     total = int(per.sum())
