@@ -18,7 +18,7 @@ import pytest  # noqa: E402
 
 import kbwork  # noqa: E402
 from kbwork import Launch, ValidationError, analysis, decode, plots  # noqa: E402
-from kbwork.analysis.channels import FlowMismatch  # noqa: E402
+from kbwork.analysis.channels import FlowMismatch, channel_loads, steps_table  # noqa: E402
 from kbwork.kernels.gqa_decode import gqa_decode  # noqa: E402
 
 from device_cases import random_device_case, resolved_device_graph  # noqa: E402  (tests/ is on sys.path)
@@ -385,3 +385,16 @@ def test_device_gantt_shows_a_few_pes_by_default():
     assert [ax.get_gid() for ax in fig.axes if ax.get_gid()] == ["pe:0", "pe:1", "pe:6", "pe:7", "channel:0",
                                                                   "channel:3"]
     plt.close(fig)
+    # it read the shown PEs' op_logs and their channels' loads only: the device's op_log was not built
+    assert run._op_log is None
+    texts = {ax.get_gid(): ax.texts[0].get_text() for ax in fig.axes if str(ax.get_gid()).startswith("channel:")}
+    table = analysis.channels(run).set_index("channel")  # from every PE's rows
+    for c in (0, 3):
+        row = table.loc[c]
+        assert texts[f"channel:{c}"].startswith(f"HBM channel {c}: {int(row['bytes']):,} bytes, busy "
+                                                f"{100 * row['busy_fraction']:.0f}% of the run, at most "
+                                                f"{int(row['peak_flows'])} flow")
+    steps = analysis.channel_steps(run)
+    for c in (0, 3):
+        mine = steps_table(channel_loads(run, only=[c]))
+        assert mine.equals(steps[steps["channel"] == c].reset_index(drop=True))

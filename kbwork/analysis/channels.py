@@ -53,8 +53,15 @@ def run_of(x: Any, where: str):
                           f"not {type(x).__name__}.")
 
 
-def _dma_rows(run, where: str) -> dict[str, np.ndarray]:
-    """The DMA stages of ``run``, in op_log order: seq, pe, cmd, channel, bytes, start, end (int64 arrays)."""
+def _dma_rows(run, where: str, pes: Sequence[int] | None = None) -> dict[str, np.ndarray]:
+    """The DMA stages of ``run``, in op_log order: seq, pe, cmd, channel, bytes, start, end (int64 arrays).
+    ``pes``: of those PEs of a device run only, read from their own op_logs (the device's is not built)."""
+    from ..sim import DeviceRun
+
+    if pes is not None and isinstance(run, DeviceRun):
+        parts = [_dma_rows(run.pe(p), where) for p in sorted(pes)]  # the op_log is PE by PE
+        keys = ("seq", "pe", "cmd", "bytes", "start", "end", "channel")
+        return {k: np.concatenate([d[k] for d in parts]) if parts else np.zeros(0, np.int64) for k in keys}
     log = run.op_log
     chan = np.asarray(run.stage_channels, dtype=np.int64)
     if len(chan) != len(log):
@@ -117,14 +124,23 @@ def contention(run: Any) -> pd.DataFrame:
                          "bytes": d["bytes"], "alone": alone, "actual": actual, "lost": lost})
 
 
-def channel_loads(run: Any, where: str = "channel_loads") -> dict[int, ChannelLoad]:
-    """Every channel a DMA stage of ``run`` names, ascending -> its :class:`ChannelLoad`.
+def channel_loads(run: Any, where: str = "channel_loads", only: Sequence[int] | None = None
+                  ) -> dict[int, ChannelLoad]:
+    """Every channel a DMA stage of ``run`` names, ascending -> its :class:`ChannelLoad`; ``only``: those of
+    these channels only, from the DMA rows of the PEs whose transfers use them (a channel's load depends on
+    its own flows alone).
 
     Raises:
         ValidationError: not a run. FlowMismatch: the DMA rows do not follow the flow rule.
     """
     run = run_of(run, where)
-    d = _dma_rows(run, where)
+    if only is None:
+        d = _dma_rows(run, where)
+    else:
+        only = np.asarray(sorted(set(only)), dtype=np.int64)
+        d = _dma_rows(run, where, [p for p in run.pes if np.isin(run.pe(p).stage_channels, only).any()])
+        keep = np.isin(d["channel"], only)
+        d = {k: v[keep] for k, v in d.items()}
     return loads_from(d["seq"], d["bytes"], d["start"], d["end"], d["channel"], run.topology, where)
 
 
@@ -141,10 +157,13 @@ def channels(run: Any) -> pd.DataFrame:
         ValidationError: not a run. FlowMismatch: the DMA rows do not follow the flow rule.
     """
     run = run_of(run, "channels")
-    loads = channel_loads(run, "channels")
+    return channel_table(channel_loads(run, "channels"), run.cycles)
+
+
+def channel_table(loads: dict[int, ChannelLoad], cycles: int) -> pd.DataFrame:
+    """:func:`channels`' table of the channels ``loads`` holds (of a run of ``cycles``)."""
     busy = np.array([int(np.diff(x.points)[x.flows > 0].sum()) if len(x.points) > 1 else 0
                      for x in loads.values()], dtype=np.int64)
-    cycles = run.cycles
     return pd.DataFrame({"channel": np.array(list(loads), dtype=np.int64),
                          "bytes": np.array([x.nbytes for x in loads.values()], dtype=np.int64),
                          "busy_cycles": busy,
@@ -248,8 +267,13 @@ def channel_steps(run: Any, *, exact: bool = False) -> pd.DataFrame:
     """
     if not isinstance(exact, bool):
         raise ValidationError(f"channel_steps: exact must be True or False, got {exact!r}.")
+    return steps_table(channel_loads(run, "channel_steps"), exact)
+
+
+def steps_table(loads: dict[int, ChannelLoad], exact: bool = False) -> pd.DataFrame:
+    """:func:`channel_steps`' table of the channels ``loads`` holds."""
     rows = []
-    for c, load in channel_loads(run, "channel_steps").items():
+    for c, load in loads.items():
         t0, t1, k, units = load.steps()
         per = [Fraction(int(u), load.scale) for u in units]
         rows.append(pd.DataFrame({"channel": np.full(len(t0), c, np.int64), "t0": t0, "t1": t1, "flows": k,

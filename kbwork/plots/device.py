@@ -8,6 +8,7 @@ from typing import Any, Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
+import pandas as pd
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
@@ -29,15 +30,16 @@ def default_pes(run: Any, n: int = DEFAULT_PES) -> list[int]:
     Raises:
         ValidationError: ``run`` is not a run, or ``n`` is not a positive int.
     """
-    from ..analysis.channels import _dma_rows, run_of
+    from ..analysis.channels import run_of
 
     run = run_of(run, "default_pes")
     _check_int(n, "n", "default_pes", "how many PEs to show, e.g. 4")
     pes = list(run.pes)
     last = run.last_pe() if hasattr(run, "last_pe") else pes[0]
-    d = _dma_rows(run, "device_gantt")
-    mine = set(d["channel"][d["pe"] == last].tolist()) - {-1}
-    sharing = {int(p) for p, c in zip(d["pe"], d["channel"]) if c in mine}
+    # each PE's channels from its stages' (only a transfer's stage names one): no op_log is built
+    uses = {p: set(np.unique(run.pe(p).stage_channels).tolist()) - {-1} for p in pes}
+    mine = uses[last]
+    sharing = {p for p in pes if uses[p] & mine}
     ranked = sorted(pes, key=lambda p: (p != last, p not in sharing, p))
     return sorted(ranked[:n])
 
@@ -154,8 +156,7 @@ def device_gantt(run: Any, pes: Sequence[int] | int | None = None, *, channels: 
             FlowMismatch: ``channels`` on one PE's run of a device whose channels other PEs shared (draw the
             device run).
     """
-    from ..analysis import channels as channel_table
-    from ..analysis.channels import channel_steps, run_of
+    from ..analysis.channels import channel_loads, channel_table, run_of, steps_table
 
     where = "device_gantt"
     run = run_of(run, where)
@@ -167,13 +168,16 @@ def device_gantt(run: Any, pes: Sequence[int] | int | None = None, *, channels: 
     _check_clock(clock_ghz, where)
     _check_dpi(dpi, where)
     path_pe = run.last_pe() if hasattr(run, "last_pe") else run.pes[0]
-    log = run.op_log
-    tracks = engine_tracks(log["engine"])
+    # the shown PEs' own op_logs, and the loads of the channels they use: a device's whole op_log (every PE's
+    # stages) is not built for a few PEs
+    logs = {p: run.pe(p).op_log for p in shown}
+    tracks = run.units
     chans: list[int] = []
     if channels:
-        steps = channel_steps(run)
-        summary = channel_table(run).set_index("channel")
-        used = set(np.asarray(run.stage_channels)[log["pe"].isin(shown).to_numpy()].tolist()) - {-1}
+        used = set().union(*(np.unique(run.pe(p).stage_channels).tolist() for p in shown)) - {-1}
+        loads = channel_loads(run, where, only=sorted(used))
+        steps = steps_table(loads)
+        summary = channel_table(loads, run.cycles).set_index("channel")
         chans = sorted(c for c in used if c in summary.index)
     heights = [0.32 * len(tracks) + 0.25] * len(shown) + [0.85] * len(chans)
     fig, axes = plt.subplots(len(heights), 1, sharex=True, layout="constrained",
@@ -181,7 +185,7 @@ def device_gantt(run: Any, pes: Sequence[int] | int | None = None, *, channels: 
     axes = np.atleast_1d(axes)
     clock = run.topology.clock_ghz if clock_ghz is None else clock_ghz
     for i, (ax, p) in enumerate(zip(axes, shown)):
-        rows = log[log["pe"] == p]
+        rows = logs[p]
         gantt(rows, ax=ax, window=window, clock_ghz=clock if i == 0 else None, legend=False, hatch=hatch,
               holds=run.pe(p).holds() if holds else None,
               critical_path=run.critical_path() if critical_path and p == path_pe else None, dpi=dpi)
@@ -199,7 +203,7 @@ def device_gantt(run: Any, pes: Sequence[int] | int | None = None, *, channels: 
     axes[-1].set_xlabel("cycles")
     cycle_axis(axes[-1].xaxis)
     axes[0].set_xlim(*(window if window is not None else (0, run.cycles * 1.01 or 1)))
-    handles = _gantt_handles([_legend_of(run, log[log["pe"].isin(shown)], hatch,
+    handles = _gantt_handles([_legend_of(run, pd.concat([logs[p] for p in shown], ignore_index=True), hatch,
                                          int(sum(len(run.pe(p).holds()) for p in shown)) if holds else 0,
                                          run.critical_path() if critical_path and path_pe in shown else None)])
     for g in sorted(shades):
