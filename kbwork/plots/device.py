@@ -13,7 +13,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from ..errors import ValidationError
-from ..oplog import STAGE_NAMES, engine_tracks
+from ..oplog import STAGE_NAMES
 from . import (_MOVERS, TENSOR_HATCH, _check_clock, _check_dpi, _check_flag, _check_hatch, _check_int, _check_window,
                _Drawn, _gantt_handles, _is_int, _tensor_base, cycle_axis, gantt)
 
