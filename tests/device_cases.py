@@ -6,6 +6,11 @@ launches drawn from a few kernel families over that PE's own tensors, each tenso
 streaming ``tl.range`` loops of loads, MATH and stores; decode attention (``gqa_decode``); and straight-line
 programs of loads, stores and waits. PEs may share one read-only tensor.
 
+``random_replicated_case(seed)`` draws runs the replication reduction acts on: one random launch list (of
+the same families), instantiated on every PE over tensors of the same shapes, named by one of several schemes
+(``x0``/``x1``, ``p0_x``, ``x``/``x1``, ...; some bases are the kernels' own TCM names), each PE's tensors on
+its home channel or on channels shifted alike.
+
 ``resolved_device_graph(sim, plan)`` simulates the launches in one event loop (no reductions, no steady
 state), records the dynamic edges of every PE and returns the reference's :class:`DeviceGraph` with
 kbwork's start and end per stage in device seq order.
@@ -181,3 +186,61 @@ def resolved_device_graph(sim, plan) -> tuple[DeviceGraph, list[int], list[int],
     capacity = {(p, e): caps[e] for p in order for e in range(len(caps))}
     g = DeviceGraph(stages, capacity, topo.dma_base_cycles, topo.dma_bytes_per_cycle, topo.channel_bytes_per_cycle)
     return g, start, end, offsets
+
+
+#: How :func:`random_replicated_case` names PE p's copy of a tensor ``b`` (one scheme per case).
+NAME_SCHEMES = (lambda b, p: f"{b}{p}", lambda b, p: f"p{p}_{b}", lambda b, p: f"{b}_{'abcdefgh'[p]}",
+                lambda b, p: b if p == 0 else f"{b}{p}", lambda b, p: f"{b}.{p}",
+                lambda b, p: f"{'ZYXWVUTS'[p]}{b}", lambda b, p: f"{b}{p}_tcm")
+#: Tensor name bases; "buf", "acc", "pre", "l", "m", "O", "Q", "S" are also names the kernels give TCM buffers.
+NAME_BASES = ("x", "y", "q", "K", "V", "O", "buf", "acc", "out", "src", "dst", "t", "l", "m", "S", "Q", "pre")
+
+
+def random_replicated_case(seed: int) -> Case:
+    """A seeded device run whose PEs run one launch list over equally shaped tensors (module docstring)."""
+    rng = random.Random(seed)
+    pes = rng.choice([2, 3, 4, 6, 8])
+    chans = rng.choice([d for d in range(1, pes + 1) if pes % d == 0])
+    ov = dict(pes=pes, hbm_channels=chans, channel_bytes_per_cycle=rng.choice(RATES),
+              dma_channels=rng.choice([1, 1, 2]), dma_base_cycles=rng.choice([0, 5, 50]),
+              hazard_policy=rng.choice(["strict_fifo", "rw_aware"]), cmd_queue_depth=rng.choice([2, 8]))
+    case = Case(seed, ov)
+    sim = case.sim = kbwork.Simulator(mode="timing", **ov)
+    scheme = rng.choice(NAME_SCHEMES)
+    bases = rng.sample(NAME_BASES, 6)
+    template = []
+    for _ in range(rng.randint(1, 2)):
+        family = rng.choice(["stream", "decode", "straight"])
+        if family == "stream":
+            template.append((family, dict(tile=rng.choice([8, 16]), n=rng.randint(1, 8), cols=rng.choice([32, 64]),
+                                          dtype=rng.choice(["bf16", "fp32"]), op=rng.choice(["direct", "copy"]),
+                                          waits=rng.random() < 0.4)))
+        elif family == "decode":
+            template.append((family, dict(kv=rng.choice([128, 256, 512]), d=rng.choice([64, 128]),
+                                          g=rng.choice([1, 4]), variant=rng.choice(sorted(gq.VARIANTS)))))
+        else:
+            template.append((family, dict(rows=[rng.choice([8, 32, 64]) for _ in range(rng.randint(1, 3))],
+                                          steps=[(rng.choice(["load", "load", "math", "store", "wait"]),
+                                                  rng.randrange(100)) for _ in range(rng.randint(1, 8))])))
+    shifted = rng.random() < 0.5  # each PE's k-th tensor on (home + k) mod channels, else all on its home
+    case.notes.append(f"{[f for f, _ in template]}, names like {scheme('x', 1)!r}, {'shifted' if shifted else 'home'}")
+    for p in range(pes):
+        home = sim.topo.home_channel(p)
+        launches = []
+        for i, (family, a) in enumerate(template):
+            def t(j, shape, dtype="fp32", i=i):
+                return sim.hbm(scheme(bases[j] + (f"_{i}" if i else ""), p), shape=shape, dtype=dtype,
+                               channel=(home + j) % chans if shifted else home)
+            if family == "stream":
+                rows = a["n"] * a["tile"]
+                launches.append(Launch(stream_kernel, t(0, (rows, a["cols"]), a["dtype"]), t(1, (rows, a["cols"])),
+                                       tile=a["tile"], op=a["op"], waits=a["waits"]))
+            elif family == "decode":
+                launches.append(Launch(gq.gqa_decode, t(0, (a["g"], a["d"]), "bf16"), t(1, (a["kv"], a["d"]), "bf16"),
+                                       t(2, (a["kv"], a["d"]), "bf16"), t(3, (a["g"], a["d"])),
+                                       variant=a["variant"], tile=128))
+            else:
+                launches.append(Launch(straight_kernel, [t(j, (r, 64)) for j, r in enumerate(a["rows"])],
+                                       t(5, (8, 64)), steps=a["steps"]))
+        case.plan[p] = launches
+    return case

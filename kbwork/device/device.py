@@ -266,6 +266,37 @@ def tensor_index(tensors: Sequence[Handle]) -> tuple[list[Handle], list[int], se
     return by_addr, [h.addr for h in by_addr], {h.name for h in by_addr}
 
 
+def _tcm_names(h: Any) -> tuple[list[str], list[tuple[str, str]]]:
+    """The names handle ``h`` takes in the op_log in every iteration of its loop, as far as their tensor part
+    (before ``[``) goes: full names (a slice's cut at its ``[``), and for a buffer named after a body command
+    (``softmax_merges9.P``) its ``(stem, suffix)``, the command id between."""
+    if not isinstance(h, LoopHandle):
+        return [h.name], []
+    if h.kind == "named":
+        pre = h.prefix
+        if not isinstance(pre, LoopHandle):  # a CommandName
+            names, stems = [], [(pre.stem, h.suffix)]
+        else:
+            names, stems = _tcm_names(pre)
+            names, stems = [n + h.suffix for n in names], [(st, suf + h.suffix) for st, suf in stems]
+    elif h.kind == "rows":
+        names, stems = _tcm_names(h.root)
+    else:
+        names, stems = [x.name for x in h.slots], []
+    return ([n + "[" for n in names] if h.chain else names), stems
+
+
+def _misread_by_name(h: Handle, hbm_names: set[str]) -> bool:
+    """Whether a replica's text renaming (``rename_tensor``) could rename a name TCM handle ``h`` takes: one
+    whose tensor part (before ``[``) is an HBM tensor's name ("O" beside a tensor O, a ring slot "buf0" beside
+    a tensor buf0), or that holds ``|`` (what separates a fetch's two names), or a command-named buffer whose
+    stem starts an HBM tensor's name."""
+    names, stems = _tcm_names(h)
+    if any("|" in n or n.split("[", 1)[0] in hbm_names for n in names):
+        return True
+    return any(x.startswith(stem) for stem, _ in stems for x in hbm_names)
+
+
 def group_key(group: Sequence[int], programs: dict[int, Sequence[Program]], tensors: Sequence[Handle],
               shared: dict[int, int], index: tuple | None = None
               ) -> tuple[tuple | None, tuple[str, ...], tuple[int, ...]]:
@@ -301,10 +332,7 @@ def group_key(group: Sequence[int], programs: dict[int, Sequence[Program]], tens
         if h.space is Space.TCM:
             name: Any = h.name
             base_name = name.split("[", 1)[0]
-            if base_name in hbm_all or "|" in name:
-                # a replica renames the names in its labels and tensor column by their text (rename_tensor):
-                # a TCM buffer named like an HBM tensor ("O" beside a tensor O) would be renamed with it, and
-                # "|" is what separates a fetch's two names
+            if _misread_by_name(h, hbm_all):
                 undescribable.append(h)
                 return ("?",)
             # "K0_tcm": a TCM name made from a tensor's, renamed with it -- from the first tensor met whose name
