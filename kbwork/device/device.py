@@ -291,6 +291,9 @@ def _misread_by_name(h: Handle, hbm_names: set[str]) -> bool:
     whose tensor part (before ``[``) is an HBM tensor's name ("O" beside a tensor O, a ring slot "buf0" beside
     a tensor buf0), or that holds ``|`` (what separates a fetch's two names), or a command-named buffer whose
     stem starts an HBM tensor's name."""
+    if not isinstance(h, LoopHandle):  # most handles: one name
+        n = h.name
+        return "|" in n or n.split("[", 1)[0] in hbm_names
     names, stems = _tcm_names(h)
     if any("|" in n or n.split("[", 1)[0] in hbm_names for n in names):
         return True
