@@ -110,8 +110,12 @@ def contention(run: Any) -> pd.DataFrame:
             simulated one, or a re-simulation with PE_DMA scaled).
     """
     run = run_of(run, "contention")
-    d = _dma_rows(run, "contention")
-    alone = alone_cycles(d["bytes"], run.topology)
+    return _contention_of(_dma_rows(run, "contention"), run.topology)
+
+
+def _contention_of(d: dict[str, np.ndarray], topo) -> pd.DataFrame:
+    """:func:`contention`'s table of the DMA rows ``d`` (:func:`_dma_rows`)."""
+    alone = alone_cycles(d["bytes"], topo)
     actual = d["end"] - d["start"]
     lost = actual - alone
     if (lost < 0).any():
@@ -311,12 +315,10 @@ def path_contention(run: Any, path: pd.DataFrame | None = None) -> dict[str, Any
 
     run = run_of(run, "path_contention")
     path = run.critical_path() if path is None else path
-    if isinstance(run, DeviceRun) and "pe" in path:
-        # each row is read by itself, so the path's PEs' own rows are the device's for them: the device's
-        # op_log (every PE's, 500,000 rows for 96 decode tasks) is not built for a path on one PE
-        con = pd.concat([contention(run.pe(int(p))) for p in np.unique(path["pe"].to_numpy())], ignore_index=True)
-    else:
-        con = contention(run)
+    # each row is read by itself, so the path's PEs' own rows are the device's for them: the device's op_log
+    # (every PE's, 500,000 rows for 96 decode tasks) is not built for a path on one PE
+    pes = np.unique(path["pe"].to_numpy()).tolist() if isinstance(run, DeviceRun) and "pe" in path else None
+    con = _contention_of(_dma_rows(run, "contention", pes), run.topology)
     on = con[con["seq"].isin(path["seq"].to_numpy()) & (con["lost"] > 0)]
     per = on.groupby("channel", sort=True)["lost"].sum()
     total = int(per.sum())

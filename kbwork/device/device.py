@@ -356,11 +356,13 @@ def group_key(group: Sequence[int], programs: dict[int, Sequence[Program]], tens
                 undescribable.append(h)  # HBM bytes outside every tensor: no relative address to give
                 return ("?",)
             t = by_addr[i]
-            if "|" in t.name or "[" in t.name:
-                undescribable.append(h)  # a name rename_tensor would split ("|": a fetch's pair, "[": a slice)
-                return ("?",)
             tid = tensor_ids.get(t.addr)
             if tid is None:
+                # a name rename_tensor would split ("|": a fetch's pair, "[": a slice); checked where a tensor is
+                # first met, not for every handle of one
+                if "|" in t.name or "[" in t.name:
+                    undescribable.append(h)
+                    return ("?",)
                 tid = tensor_ids[t.addr] = len(tensor_ids)
                 named.add(t.name)
                 tensor_names.append(t.name)
