@@ -128,6 +128,11 @@ def _contention_of(d: dict[str, np.ndarray], topo) -> pd.DataFrame:
                          "bytes": d["bytes"], "alone": alone, "actual": actual, "lost": lost})
 
 
+def pe_channels(run: Any, p: int) -> set[int]:
+    """The HBM channels PE ``p``'s transfers use (from its ``stage_channels``; no op_log is built)."""
+    return set(np.unique(run.pe(p).stage_channels).tolist()) - {-1}
+
+
 def channel_loads(run: Any, where: str = "channel_loads", only: Sequence[int] | None = None
                   ) -> dict[int, ChannelLoad]:
     """Every channel a DMA stage of ``run`` names, ascending -> its :class:`ChannelLoad`; ``only``: those of
@@ -141,9 +146,9 @@ def channel_loads(run: Any, where: str = "channel_loads", only: Sequence[int] | 
     if only is None:
         d = _dma_rows(run, where)
     else:
-        only = np.asarray(sorted(set(only)), dtype=np.int64)
-        d = _dma_rows(run, where, [p for p in run.pes if np.isin(run.pe(p).stage_channels, only).any()])
-        keep = np.isin(d["channel"], only)
+        only = set(only)
+        d = _dma_rows(run, where, [p for p in run.pes if pe_channels(run, p) & only])
+        keep = np.isin(d["channel"], sorted(only))
         d = {k: v[keep] for k, v in d.items()}
     return loads_from(d["seq"], d["bytes"], d["start"], d["end"], d["channel"], run.topology, where)
 

@@ -30,14 +30,13 @@ def default_pes(run: Any, n: int = DEFAULT_PES) -> list[int]:
     Raises:
         ValidationError: ``run`` is not a run, or ``n`` is not a positive int.
     """
-    from ..analysis.channels import run_of
+    from ..analysis.channels import pe_channels, run_of
 
     run = run_of(run, "default_pes")
     _check_int(n, "n", "default_pes", "how many PEs to show, e.g. 4")
     pes = list(run.pes)
     last = run.last_pe() if hasattr(run, "last_pe") else pes[0]
-    # each PE's channels from its stages' (only a transfer's stage names one): no op_log is built
-    uses = {p: set(np.unique(run.pe(p).stage_channels).tolist()) - {-1} for p in pes}
+    uses = {p: pe_channels(run, p) for p in pes}
     mine = uses[last]
     sharing = {p for p in pes if uses[p] & mine}
     ranked = sorted(pes, key=lambda p: (p != last, p not in sharing, p))
@@ -156,7 +155,7 @@ def device_gantt(run: Any, pes: Sequence[int] | int | None = None, *, channels: 
             FlowMismatch: ``channels`` on one PE's run of a device whose channels other PEs shared (draw the
             device run).
     """
-    from ..analysis.channels import channel_loads, channel_table, run_of, steps_table
+    from ..analysis.channels import channel_loads, channel_table, pe_channels, run_of, steps_table
 
     where = "device_gantt"
     run = run_of(run, where)
@@ -174,7 +173,7 @@ def device_gantt(run: Any, pes: Sequence[int] | int | None = None, *, channels: 
     tracks = run.units
     chans: list[int] = []
     if channels:
-        used = set().union(*(np.unique(run.pe(p).stage_channels).tolist() for p in shown)) - {-1}
+        used = set().union(*(pe_channels(run, p) for p in shown))
         loads = channel_loads(run, where, only=sorted(used))
         steps = steps_table(loads)
         summary = channel_table(loads, run.cycles).set_index("channel")
