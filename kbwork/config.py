@@ -94,8 +94,15 @@ class Topology:
         return None if math.isinf(v) else exact_fraction(v)
 
     def home_channel(self, pe: int) -> int:
-        """PE ``pe``'s home channel: ``pe // (pes / hbm_channels)`` (DESIGN.md §14)."""
-        return pe // (self.pes // self.hbm_channels)
+        """PE ``pe``'s home channel: ``pe // (pes / hbm_channels)`` (DESIGN.md §14).
+
+        Raises:
+            ValidationError: ``pe`` is not a PE of this topology (an int in ``0 .. pes - 1``).
+        """
+        if not isinstance(pe, numbers.Integral) or isinstance(pe, bool) or not 0 <= pe < self.pes:
+            raise ValidationError(f"home_channel: PE {pe!r} is not a PE of {self.name} (it has {self.pes}: "
+                                  f"0 .. {self.pes - 1}).")
+        return int(pe) // (self.pes // self.hbm_channels)
 
     @property
     def r_fraction(self) -> Fraction:

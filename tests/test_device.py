@@ -216,6 +216,32 @@ def test_arguments_a_kernel_s_signature_refuses_are_a_validation_error_naming_th
     assert sim.run_device({1: Launch(load, x)}).op_log.equals(sim.run_device({1: [Launch(load, x)]}).op_log)
 
 
+def test_a_misspelt_keyword_of_a_launch_is_named_with_the_one_meant_not_the_argument_it_left_missing():
+    def k(tl, x, *, tile, variant="a"):
+        tl.load(x)
+
+    sim = kbwork.Simulator(mode="timing", pes=2)
+    x = sim.hbm("x", shape=(4,), dtype="fp32")
+    with pytest.raises(ValidationError, match=r"k\(tl, x, tle=4\): got an unexpected keyword argument 'tle' "
+                                              r"\(did you mean 'tile'\?\)\. Its signature is k\(tl, x, \*, tile"):
+        sim.run_device({1: [Launch(k, x, tle=4)]})
+    with pytest.raises(ValidationError, match=r"'varaint' \(did you mean 'variant'\?\); got an unexpected keyword "
+                                              r"argument 'zzz'\. Its"):
+        sim.run(k, x, tile=4, varaint="b", zzz=1)
+    # a keyword given already is not what another one meant
+    with pytest.raises(ValidationError, match=r"unexpected keyword argument 'tiles'\. Its"):
+        sim.run(k, x, tile=4, tiles=2)
+
+
+def test_home_channel_refuses_a_pe_the_topology_does_not_have():
+    topo = kbwork.Simulator(mode="timing", pes=8, hbm_channels=4).topo
+    assert [topo.home_channel(p) for p in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert topo.home_channel(np.int64(5)) == 2
+    for bad in (8, -1, 1.0, True, "0"):
+        with pytest.raises(ValidationError, match=rf"home_channel: PE {bad!r} is not a PE of .* \(it has 8: 0 \.\. 7\)"):
+            topo.home_channel(bad)
+
+
 def test_an_error_inside_one_launch_of_a_device_run_names_that_launch():
     def k(tl, x, *, tcm_bytes=0, divide=False):
         tl.load(x)
