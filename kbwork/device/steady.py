@@ -239,9 +239,24 @@ def jump(pe: PeState, ins: Insertion) -> None:
 
 
 # --- the state at a boundary -------------------------------------------------------------------------------
-def canonical(dev: DeviceState, pe: PeState, t: int, phase: int) -> tuple | None:
+def events_by_pe(dev: DeviceState) -> dict[int, list[tuple[int, int]]]:
+    """The device's pending events split by PE: PE -> ``[(cycle, key & MASK), ...]`` in heap order."""
+    out: dict[int, list[tuple[int, int]]] = {}
+    for e, key in dev.events:
+        p = key >> PE_SHIFT
+        lst = out.get(p)
+        if lst is None:
+            lst = out[p] = []
+        lst.append((e, key & MASK))
+    return out
+
+
+def canonical(dev: DeviceState, pe: PeState, t: int, phase: int,
+              pending: Sequence[tuple[int, int]] | None = None) -> tuple | None:
     """The whole dynamic state of ``pe`` at a boundary, with times, seqs and commands as offsets from it
-    (module docstring); None when it refers to a command outside the boundary's loop."""
+    (module docstring); None when it refers to a command outside the boundary's loop. ``pending``: ``pe``'s
+    events as ``(cycle, key & MASK)``, if the caller split the device's events by PE already (a group's
+    steady state compares every PE's state at once: one pass over the events, not one per PE)."""
     ctab = pe.ctab
     c = pe.n_lowered
     s0 = len(pe.start)
@@ -250,16 +265,16 @@ def canonical(dev: DeviceState, pe: PeState, t: int, phase: int) -> tuple | None
     if lo < 0 or ctab.loop[lo] is not loop:
         return None
     start, end, unit, remaining, xsucc = pe.start, pe.end, pe.unit, pe.remaining, pe.xsucc
+    if pending is None:
+        pending = events_by_pe(dev).get(pe.pe, ())
     events = []
-    for e, key in dev.events:  # this PE's pending events (a flow's end that moved is no longer one)
-        if key >> PE_SHIFT == pe.pe:
-            q = key & MASK
-            if q == WAKE:
-                continue
-            if q >= JOIN:  # a transfer in its access phase, about to join its channel (and the unit it holds)
-                events.append((e - t, (q ^ JOIN) - s0, 1, unit[q ^ JOIN]))
-            elif end[q] == e:
-                events.append((e - t, q - s0, 0))
+    for e, q in pending:  # this PE's pending events (a flow's end that moved is no longer one)
+        if q == WAKE:
+            continue
+        if q >= JOIN:  # a transfer in its access phase, about to join its channel (and the unit it holds)
+            events.append((e - t, (q ^ JOIN) - s0, 1, unit[q ^ JOIN]))
+        elif end[q] == e:
+            events.append((e - t, q - s0, 0))
     window = ctab.dispatch_seq[pe.first_incomplete] if pe.first_incomplete < c else s0
     stages = []
     for s in range(window, s0):
@@ -540,11 +555,12 @@ class GroupSteady:
                 return
             keeps.append(keep)
         parts = []
+        pending = events_by_pe(dev)
         for q, x in zip(self.pes, pos):
             if x is None:
                 parts.append(("done",))
                 continue
-            st = canonical(dev, q, t, x[1] % x[2].period)
+            st = canonical(dev, q, t, x[1] % x[2].period, pending.get(q.pe, ()))
             if st is None:
                 return
             parts.append(st)
