@@ -46,7 +46,13 @@ class ArgumentParser(argparse.ArgumentParser):
     "did you mean --kv-len?"), in the usage of the subcommand it was given to."""
 
     def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
-        ns, extras = self.parse_known_args(args, namespace)
+        argv = sys.argv[1:] if args is None else list(args)
+        stray = stray_variant(argv, self)
+        if stray is not None:  # before argparse, which would say only that --variant is required
+            parser, words, flag = stray
+            value = ",".join(words) if flag == "--variants" else words[0]
+            parser.error(f"a variant is named with {flag}: write {flag} {value}, not {' '.join(words)} alone")
+        ns, extras = self.parse_known_args(argv, namespace)
         if extras:
             parser: argparse.ArgumentParser = self
             for action in self._actions:
@@ -67,6 +73,37 @@ class ArgumentParser(argparse.ArgumentParser):
                 raise argparse.ArgumentError(action, f"invalid choice: {value!r} (choose from "
                                                      f"{', '.join(map(repr, choices))}); did you mean {meant}?")
         super()._check_value(action, value)
+
+
+def stray_variant(argv: list[str], parser: argparse.ArgumentParser
+                  ) -> tuple[argparse.ArgumentParser, list[str], str] | None:
+    """Decode variants given as bare words (``kbwork run opt2``, ``kbwork compare opt2 opt3``) to a subcommand
+    that takes them by an option: ``(subcommand's parser, the words, "--variant" or "--variants")``, else None."""
+    from .kernels.gqa_decode import VARIANTS
+
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs or not argv or argv[0] not in subs[0].choices:
+        return None
+    sub = subs[0].choices[argv[0]]
+    opts = sub._option_string_actions
+    flag = "--variant" if "--variant" in opts else "--variants" if "--variants" in opts else None
+    if flag is None or any(not a.option_strings for a in sub._actions):  # no variant option, or positionals
+        return None
+    takes_value = False
+    words = []
+    for tok in argv[1:]:
+        if takes_value:
+            takes_value = False
+            continue
+        if tok == "--":
+            break
+        if tok.startswith("-"):
+            action = opts.get(tok.split("=", 1)[0])
+            takes_value = action is not None and action.nargs != 0 and "=" not in tok
+            continue
+        if all(part in VARIANTS for part in tok.split(",")):
+            words.append(tok)
+    return (sub, words, flag) if words else None
 
 
 def unrecognized(extras: list[str], parser: argparse.ArgumentParser) -> str:

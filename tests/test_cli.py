@@ -56,6 +56,24 @@ def test_a_misspelt_choice_says_which_was_meant(capsys):
         assert (line.endswith(meant) if meant else "did you mean" not in line), line
 
 
+def test_a_variant_given_as_a_bare_word_is_refused_with_the_option_that_names_it(capsys):
+    # what a newcomer types first: the variant without its option (argparse alone says --variant is required)
+    for argv, want in ((["run", "opt2"], "kbwork run: error: a variant is named with --variant: write --variant opt2, "
+                                          "not opt2 alone"),
+                       (["run", "--mode", "timing", "opt3"], "write --variant opt3, not opt3 alone"),
+                       (["compare", "opt2", "opt3"], "write --variants opt2,opt3, not opt2 opt3 alone"),
+                       (["explain", "opt2,a1", "--kv-len", "256"], "write --variants opt2,a1, not opt2,a1 alone"),
+                       (["step", "a1"], "write --variants a1, not a1 alone")):
+        code, out, err = _cli(argv, capsys)
+        assert code == 2 and out == "" and "Traceback" not in err, argv
+        assert err.strip().splitlines()[-1].endswith(want), err
+    # a variant as an option's value is not a bare word; a word that names no variant is argparse's to refuse
+    code, _, err = _cli(["run", "--variant", "opt2", "--mode", "timing", "--kv-len", "256", "-q"], capsys)
+    assert code == 0, err
+    code, _, err = _cli(["run", "opt4"], capsys)
+    assert code == 2 and "the following arguments are required: --variant" in err
+
+
 def test_the_script_starts_at_the_entry_point_and_cli_alone_refuses_bench(capsys):
     """``cli`` ranks below ``bench`` (DESIGN §9), so the benchmark is passed in by ``kbwork.__main__``."""
     text = (REPO / "pyproject.toml").read_text()
