@@ -302,7 +302,10 @@ def step(dev: DeviceState, **kw: Any) -> int:
 
 
 def _bind(P: PeState) -> tuple:
-    """The lists and settings of PE ``P`` the loop works on (bound to locals whenever the loop turns to ``P``)."""
+    """The lists and settings of PE ``P`` the loop works on, bound to locals whenever the loop turns to ``P``: the
+    objects themselves, which the loop changes in place and nothing replaces while it runs (so one call of
+    :func:`run` makes this once per PE). The counters and the running launch's cursor and executor are read
+    from ``P`` at each turn instead, and the counters written back when the loop leaves it."""
     table, ctab = P.table, P.ctab
     walk_one: list[tuple[list[int], int]] = []
     walk_many: list[tuple[list[int], tuple[int, ...]]] = []
@@ -319,10 +322,9 @@ def _bind(P: PeState) -> tuple:
     return (table.kind, table.engine, table.dur, table.cmd, table.effects, table.cbase, table.lsucc, table.chan,
             table.nbytes, P.start, P.end, P.rdy, P.unit, P.remaining, P.xsucc, ctab.dispatch_seq, ctab.reads,
             ctab.writes, ctab.waits, P.cmd_left, P.completed, P.final_stage, P.busy, P.ready_q, P.active,
-            P.held_count, P.waiters, P.held, P.release_at, P.hits, P.waited, P.cursor, P.depth, P.strict,
-            P.next_dispatch, P.dispatched_end, P.next_plan, P.in_flight, P.first_incomplete, P.held_strict,
-            P.last_completion, P.last_release, walk_one, walk_many, dma_units,
-            P.ready_q[_DMA_ENGINE] if P.flows else None, P.apply, P.flows, P.in_flow, P.pe << PE_SHIFT)
+            P.held_count, P.waiters, P.held, P.release_at, P.hits, P.waited, P.depth, P.strict, walk_one,
+            walk_many, dma_units, P.ready_q[_DMA_ENGINE] if P.flows else None, P.flows, P.in_flow,
+            P.pe << PE_SHIFT)
 
 
 def run(dev: DeviceState | PeState, apply: Callable[[object], None] | None = None,
@@ -360,6 +362,7 @@ def run(dev: DeviceState | PeState, apply: Callable[[object], None] | None = Non
     # one PE: every event is its own (its keys are plain seqs); no contended channel: every end is final
     single, flowing = len(pes) == 1, bool(dev.channels)
     P: PeState | None = None
+    bound: list[tuple | None] = [None] * len(pes)  # each PE's _bind, made the first time the loop turns to it
     t = dev.t
     per_pe = edges if isinstance(edges, dict) else ({0: edges} if edges is not None else None)
     if per_pe is not None and len(pes) > 1 and not isinstance(edges, dict):
@@ -380,11 +383,17 @@ def run(dev: DeviceState | PeState, apply: Callable[[object], None] | None = Non
                 P.in_flight, P.first_incomplete, P.held_strict = in_flight, first_incomplete, held_strict
                 P.last_completion, P.last_release = last_completion, last_release
             P = pes[p]
+            b = bound[p]
+            if b is None:
+                b = bound[p] = _bind(P)
             (kind, engine, dur, cmd_of, effects, cbase, lsucc, chan, nbytes, start, end, rdy, unit, remaining,
              xsucc, dispatch_seq, reads, writes, waits, cmd_left, completed, final_stage, busy, ready_q, active,
-             held_count, waiters, held, release_at, hits, waited, cursor, depth, strict, next_dispatch,
-             dispatched_end, next_plan, in_flight, first_incomplete, held_strict, last_completion, last_release,
-             walk_one, walk_many, dma_units, dma_q, apply, flows, in_flow, pkey) = _bind(P)
+             held_count, waiters, held, release_at, hits, waited, depth, strict, walk_one, walk_many, dma_units,
+             dma_q, flows, in_flow, pkey) = b
+            cursor, apply = P.cursor, P.apply
+            next_dispatch, dispatched_end, next_plan = P.next_dispatch, P.dispatched_end, P.next_plan
+            in_flight, first_incomplete, held_strict = P.in_flight, P.first_incomplete, P.held_strict
+            last_completion, last_release = P.last_completion, P.last_release
             if per_pe is not None:
                 E = per_pe.setdefault(p, [])
                 E.extend([] for _ in range(len(start) - len(E)))
