@@ -437,3 +437,47 @@ def test_a_replica_on_other_channels_reports_its_own_channels():
     log = run.op_log
     dma = log.stage.isin(["DMA_READ", "DMA_WRITE"]).to_numpy()
     assert set(run.stage_channels[dma & (log.pe >= 2).to_numpy()]) == {1}
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_dropping_the_stale_ends_a_reflow_leaves_in_the_heap_changes_nothing(seed, monkeypatch):
+    # the heap drops them all at once when they are most of it (device.loop._drop_stale); here at every chance,
+    # against never, on random device runs (data mode: the numbers too), with and without the steady state
+    import kbwork.device.loop as loop
+
+    def run(stale_min):
+        monkeypatch.setattr(loop, "STALE_MIN", stale_min)
+        case = random_device_case(7000 + seed, mode="data" if seed % 3 == 0 else "timing", long=seed % 2 == 1)
+        r = case.sim.run_device(case.plan, reductions=seed % 4 < 2)
+        return r.op_log, [r.read(f"p{pe}l0_dst") for pe in case.plan if f"p{pe}l0_dst" in r.sim._hbm] \
+            if case.sim.mode == "data" else []
+
+    (log_never, out_never), (log_always, out_always) = run(10 ** 18), run(-1)
+    assert log_always.equals(log_never)
+    assert all(np.array_equal(a, b) for a, b in zip(out_always, out_never))
+
+
+def test_many_pes_on_one_channel_drop_stale_ends_and_equal_the_full_run():
+    # 24 PEs sharing one channel: every join and leave moves the others' ends, and the heap keeps the old ones
+    # until they are dropped; steady and plain give the same op_log as a run that never drops them
+    import kbwork.device.loop as loop
+
+    sim = kbwork.Simulator(mode="timing", pes=24, hbm_channels=1, channel_bytes_per_cycle=64)
+    plan = {p: [Launch(gqa_decode, *decode_inputs(sim, p, kv=1024), variant="opt2", tile=128)] for p in range(24)}
+    dropped = []
+    real = loop._drop_stale
+    loop_drop = lambda dev: (dropped.append(len(dev.events)), real(dev))  # noqa: E731
+    try:
+        loop._drop_stale = loop_drop
+        steady = sim.run_device(plan)
+        plain = sim.run_device(plan, steady_state=False, reductions=False)
+    finally:
+        loop._drop_stale = real
+    assert dropped, "the case no longer leaves enough stale ends to drop"
+    old = loop.STALE_MIN
+    try:
+        loop.STALE_MIN = 10 ** 18
+        never = sim.run_device(plan, steady_state=False, reductions=False)
+    finally:
+        loop.STALE_MIN = old
+    assert steady.op_log.equals(never.op_log) and plain.op_log.equals(never.op_log)

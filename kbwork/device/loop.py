@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
-from heapq import heappop, heappush
+from heapq import heapify, heappop, heappush
 from typing import Any, Callable, Sequence
 
 from ..errors import SimulationError
@@ -194,6 +194,9 @@ class DeviceState:
     events: list[tuple[int, int]] = field(default_factory=list)
     t: int = 0
     channels: dict[int, FlowChannel] = field(default_factory=dict)
+    #: events in ``events`` that a reflow left behind (a flow's end that moved): passed over when they come out,
+    #: and dropped all at once when they are most of the heap (:func:`_reflow`)
+    stale: int = 0
 
     def __repr__(self) -> str:
         return f"DeviceState({len(self.pes)} PEs at cycle {self.t}, {len(self.channels)} contended channels)"
@@ -628,6 +631,31 @@ def _reflow(dev: DeviceState, ends: list[tuple[int, int, int]]) -> None:
     pes, events = dev.pes, dev.events
     for p, s, e in ends:
         end = pes[p].end
-        if end[s] != e:
+        was = end[s]
+        if was != e:
+            if was >= 0:  # the end pushed before stays in the heap
+                dev.stale += 1
             end[s] = e
             heappush(events, (e, (p << PE_SHIFT) | s))
+    if dev.stale > STALE_MIN and 2 * dev.stale > len(events):
+        _drop_stale(dev)
+
+
+#: Stale events a device's heap may hold before :func:`_reflow` considers dropping them.
+STALE_MIN = 1024
+
+
+def _drop_stale(dev: DeviceState) -> None:
+    """Drop the stale ends from the device's heap, in place (the loop holds the list). What is kept comes out in
+    the same order: the heap's entries are distinct ``(cycle, key)`` pairs, or equal ones, indistinguishable. An
+    end is kept when it is its stage's end (a flow's end that moved away and back may be there twice: the loop
+    retires the first and passes over the second, as before)."""
+    pes, events = dev.pes, dev.events
+    kept = []
+    for x in events:
+        q = x[1] & MASK
+        if q >= JOIN or pes[x[1] >> PE_SHIFT].end[q] == x[0]:
+            kept.append(x)
+    events[:] = kept
+    heapify(events)
+    dev.stale = 0
