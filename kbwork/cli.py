@@ -47,11 +47,9 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
         argv = sys.argv[1:] if args is None else list(args)
-        stray = stray_variant(argv, self)
-        if stray is not None:  # before argparse, which would say only that --variant is required
-            parser, words, flag = stray
-            value = ",".join(words) if flag == "--variants" else words[0]
-            parser.error(f"a variant is named with {flag}: write {flag} {value}, not {' '.join(words)} alone")
+        refused = refused_before_parsing(argv, self)
+        if refused is not None:
+            refused[0].error(refused[1])
         ns, extras = self.parse_known_args(argv, namespace)
         if extras:
             parser: argparse.ArgumentParser = self
@@ -75,10 +73,12 @@ class ArgumentParser(argparse.ArgumentParser):
         super()._check_value(action, value)
 
 
-def stray_variant(argv: list[str], parser: argparse.ArgumentParser
-                  ) -> tuple[argparse.ArgumentParser, list[str], str] | None:
-    """Decode variants given as bare words (``kbwork run opt2``, ``kbwork compare opt2 opt3``) to a subcommand
-    that takes them by an option: ``(subcommand's parser, the words, "--variant" or "--variants")``, else None."""
+def refused_before_parsing(argv: list[str], parser: argparse.ArgumentParser
+                           ) -> tuple[argparse.ArgumentParser, str] | None:
+    """Two mistakes argparse would report as another one, ``(subcommand's parser, message)`` or None: an option
+    the subcommand does not know (``kbwork run --varaint opt3``: argparse says only that --variant is required),
+    and decode variants given as bare words to a subcommand that takes them by an option (``kbwork run opt2``,
+    ``kbwork compare opt2 opt3``)."""
     from .kernels.gqa_decode import VARIANTS
 
     subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
@@ -86,24 +86,32 @@ def stray_variant(argv: list[str], parser: argparse.ArgumentParser
         return None
     sub = subs[0].choices[argv[0]]
     opts = sub._option_string_actions
-    flag = "--variant" if "--variant" in opts else "--variants" if "--variants" in opts else None
-    if flag is None or any(not a.option_strings for a in sub._actions):  # no variant option, or positionals
-        return None
     takes_value = False
     words = []
-    for tok in argv[1:]:
+    rest = argv[1:]
+    for i, tok in enumerate(rest):
         if takes_value:
             takes_value = False
             continue
         if tok == "--":
             break
         if tok.startswith("-"):
-            action = opts.get(tok.split("=", 1)[0])
-            takes_value = action is not None and action.nargs != 0 and "=" not in tok
+            name = tok.split("=", 1)[0]
+            action = opts.get(name)
+            if action is None and name.startswith("--") and not any(o.startswith(name) for o in opts):
+                nxt = rest[i + 1] if i + 1 < len(rest) and "=" not in tok else "-"
+                hint = unrecognized([tok] if nxt.startswith("-") else [tok, nxt], sub)  # as argparse lists them
+                if hint.endswith("?)"):  # a misspelt option: say which was meant (a bare unknown one: argparse's)
+                    return sub, hint
+            takes_value = "=" not in tok and (action is None or action.nargs != 0)
             continue
         if all(part in VARIANTS for part in tok.split(",")):
             words.append(tok)
-    return (sub, words, flag) if words else None
+    flag = "--variant" if "--variant" in opts else "--variants" if "--variants" in opts else None
+    if not words or flag is None or any(not a.option_strings for a in sub._actions):  # or it takes positionals
+        return None
+    value = ",".join(words) if flag == "--variants" else words[0]
+    return sub, f"a variant is named with {flag}: write {flag} {value}, not {' '.join(words)} alone"
 
 
 def unrecognized(extras: list[str], parser: argparse.ArgumentParser) -> str:

@@ -72,6 +72,8 @@ def test_a_variant_given_as_a_bare_word_is_refused_with_the_option_that_names_it
     assert code == 0, err
     code, _, err = _cli(["run", "opt4"], capsys)
     assert code == 2 and "the following arguments are required: --variant" in err
+    code, _, err = _cli(["run", "--varaint", "opt3"], capsys)  # a misspelt option's value: the option is named
+    assert code == 2 and "did you mean --variant?" in err and "alone" not in err
 
 
 def test_the_script_starts_at_the_entry_point_and_cli_alone_refuses_bench(capsys):
