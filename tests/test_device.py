@@ -457,7 +457,7 @@ def test_dropping_the_stale_ends_a_reflow_leaves_in_the_heap_changes_nothing(see
     assert all(np.array_equal(a, b) for a, b in zip(out_always, out_never))
 
 
-def test_many_pes_on_one_channel_drop_stale_ends_and_equal_the_full_run():
+def test_many_pes_on_one_channel_drop_stale_ends_and_equal_the_full_run(monkeypatch):
     # 24 PEs sharing one channel: every join and leave moves the others' ends, and the heap keeps the old ones
     # until they are dropped; steady and plain give the same op_log as a run that never drops them
     import kbwork.device.loop as loop
@@ -466,18 +466,10 @@ def test_many_pes_on_one_channel_drop_stale_ends_and_equal_the_full_run():
     plan = {p: [Launch(gqa_decode, *decode_inputs(sim, p, kv=1024), variant="opt2", tile=128)] for p in range(24)}
     dropped = []
     real = loop._drop_stale
-    loop_drop = lambda dev: (dropped.append(len(dev.events)), real(dev))  # noqa: E731
-    try:
-        loop._drop_stale = loop_drop
-        steady = sim.run_device(plan)
-        plain = sim.run_device(plan, steady_state=False, reductions=False)
-    finally:
-        loop._drop_stale = real
+    monkeypatch.setattr(loop, "_drop_stale", lambda dev: (dropped.append(len(dev.events)), real(dev)))
+    steady = sim.run_device(plan)
+    plain = sim.run_device(plan, steady_state=False, reductions=False)
     assert dropped, "the case no longer leaves enough stale ends to drop"
-    old = loop.STALE_MIN
-    try:
-        loop.STALE_MIN = 10 ** 18
-        never = sim.run_device(plan, steady_state=False, reductions=False)
-    finally:
-        loop.STALE_MIN = old
+    monkeypatch.setattr(loop, "STALE_MIN", 10 ** 18)
+    never = sim.run_device(plan, steady_state=False, reductions=False)
     assert steady.op_log.equals(never.op_log) and plain.op_log.equals(never.op_log)
