@@ -818,6 +818,8 @@ def sweep(*, variants: tuple[str, ...] = DEFAULT_VARIANTS, progress: bool = True
     variants = _check_variants(variants, "sweep")
     if not isinstance(resume, (bool, np.bool_)):
         raise ValidationError(f"sweep: resume={resume!r}; pass True (continue the sweep in out=) or False.")
+    if not isinstance(progress, (bool, np.bool_)):
+        raise ValidationError(f"sweep: progress={progress!r}; pass True (a progress bar on stderr) or False.")
     if resume and out is None:
         raise ValidationError("sweep: resume=True continues the sweep recorded in out=, but no out= is given; pass "
                               "the file the sweep writes to (out='sweep.csv').")

@@ -259,6 +259,8 @@ DECODE_CASES = [
                  id="sweep-variant-unknown"),
     pytest.param(_sweep(kv_len=[256], mode="fast"), ValidationError, r"sweep: mode 'fast'", id="sweep-mode"),
     pytest.param(_sweep(kv_len=[256], seqlen=[1]), ValidationError, r"unknown axis seqlen", id="sweep-unknown-axis"),
+    pytest.param(_sweep(kv_len=[256], progress="no"), ValidationError, r"sweep: progress='no'; pass True \(a "
+                 r"progress bar on stderr\) or False", id="sweep-progress-string"),
     pytest.param(_sweep(kv_len=[256], topology=123), ConfigError, r"\(a int\)", id="sweep-topology"),
     pytest.param(_sweep(kv_len=[256], client="not an address"), ValidationError,
                  r"client='not an address' is not a Dask scheduler address \(missing port number.*tcp://",

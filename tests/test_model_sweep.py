@@ -111,6 +111,11 @@ def test_bad_sweeps_are_refused_before_anything_runs(kw, error, match):
         mdl.sweep(workers=1, progress=False, **kw)
 
 
+def test_progress_is_true_or_false():
+    with pytest.raises(ValidationError, match=r"progress='no'; pass True \(a progress bar on stderr\) or False"):
+        mdl.sweep(workers=1, progress="no", context=[512])
+
+
 def test_a_resume_is_refused_under_another_host_device_or_model(tmp_path):
     """The file's record (<out>.meta.json, written before the first row) decides: a resume under another host,
     device or model file says what differs instead of returning the old rows."""

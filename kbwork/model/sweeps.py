@@ -107,6 +107,8 @@ def sweep(*, variants: Sequence[str] = DEFAULT_VARIANTS, placements: Sequence[st
         raise ValidationError("sweep: give a context axis (KV lengths, e.g. context=[1024, 8192, 32768]).")
     if not isinstance(resume, (bool, np.bool_)):
         raise ValidationError(f"sweep: resume={resume!r}; pass True (continue the sweep in out=) or False.")
+    if not isinstance(progress, (bool, np.bool_)):
+        raise ValidationError(f"sweep: progress={progress!r}; pass True (a progress bar on stderr) or False.")
     todo_cases = _case_list(variants, placements, schedules)
     base_host = load_host(host)
     base_device = load_device(device)
