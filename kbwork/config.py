@@ -408,6 +408,8 @@ def _load_file(path: Path, name: str) -> Topology:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     flat = _flatten(doc, str(path))
     _check_keys(flat, where=str(path))
+    # a file that names no machine is that file's: its keys over the defaults, not ahbm-pe-v1 itself
+    flat.setdefault("name", path.stem)
     try:
         return Topology(**flat, source=os.path.abspath(path))
     except ConfigError as exc:

@@ -259,6 +259,12 @@ def test_topology_from_a_toml_path(tmp_path):
     assert topo.dma_base_cycles == 200  # keys the file leaves out keep their defaults
     run = kbwork.Simulator(str(path), mode="timing").run(lambda tl: tl.full((2, 2), 0.0, name="z"))
     assert run.op_log.iloc[0].end == 10 + 2  # fill: 20 logical bytes, ceil(0.0625 x 20) = 2
+    # a file that names no machine is named after itself, not after the defaults it builds on
+    unnamed = tmp_path / "my-pe.toml"
+    unnamed.write_text("[memory]\ntcm_bytes = 2097152\n")
+    topo = kbwork.load_topology(unnamed)
+    assert (topo.name, topo.tcm_bytes, topo.fixed_cycles) == ("my-pe", 2 << 20, 40)
+    assert kbwork.load_topology(unnamed, name="other").name == "other"
 
 
 @pytest.mark.parametrize("overrides,key", [
