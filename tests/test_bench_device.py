@@ -115,10 +115,48 @@ def test_device_suite_skips_the_old_code_row_when_the_commit_is_missing(tiny, tm
 
 
 def _only_before(device):
-    def run_suite(*, before=None):
+    def run_suite(*, before=None, instructions=False):
         rows, info = device.before_rows(before)
         return {"rows": rows, "before": info, "load_average_1min": [0.0]}
     return run_suite
+
+
+CACHEGRIND = """==1== Cachegrind, a high-precision tracing profiler
+==1==
+==1== I   refs:      9,411,934,007
+"""
+
+
+def test_instruction_counts_read_cachegrind_and_divide_the_runs_beyond_the_baseline(monkeypatch, tmp_path):
+    from kbwork.bench import device
+
+    assert device.valgrind_instructions(CACHEGRIND) == 9_411_934_007
+    with pytest.raises(RuntimeError, match=r"no instruction count: valgrind: command failed"):
+        device.valgrind_instructions("valgrind: command failed\n")
+    # counts made up: each case's runs beyond the baseline, divided by the runs, per side
+    per_case = {"opt2 full": 100, "opt2 steady": 20, "opt3 full": 180, "opt3 steady": 22}
+    seen = []
+
+    def fake(checkout, kv_len, case, n):
+        seen.append((checkout, case, n))
+        base = 9_000 if checkout == device.ROOT else 8_000
+        return base + n * per_case.get(case, 0) * (1 if checkout == device.ROOT else 2)
+
+    monkeypatch.setattr(device, "_instructions", fake)
+    monkeypatch.setattr("shutil.which", lambda name: "/usr/bin/valgrind")
+    (tmp_path / "kbwork").mkdir()
+    rows, info = device.instruction_rows(tmp_path, 512, runs=4, show_progress=False)
+    assert [(r["variant"], r["path"], r["num"], r["den"]) for r in rows] == [
+        ("opt2", "full", 100, 200), ("opt2", "steady", 20, 40), ("opt3", "full", 180, 360), ("opt3", "steady", 22, 44)]
+    assert all(r["ratio"] == 0.5 for r in rows) and info["runs"] == 4
+    assert [(c, n) for _, c, n in seen[:2]] == [("none", 0), ("opt2 full", 4)]
+    lines = device.format_suite({"rows": [], "before": {"skipped": "x"}, "load_average_1min": [0.0],
+                                 "instructions": {"rows": rows, **info}})
+    assert any(line.strip().startswith("opt3 steady") and line.endswith("0.500x") for line in lines), lines
+    # no valgrind: the counts are skipped, saying why
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    rows, info = device.instruction_rows(tmp_path, 512, show_progress=False)
+    assert rows == [] and "valgrind is not on the PATH" in info["skipped"]
 
 
 def test_the_old_code_is_the_commits_tree(tmp_path):
@@ -211,6 +249,9 @@ def test_before_applies_to_the_device_suite_only(capsys):
     with pytest.raises(SystemExit) as exc:
         bench.main(["--suite", "model", "--before", "/tmp"])
     assert exc.value.code == 2 and "--before applies to --suite device only" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--suite", "loops", "--instructions"])
+    assert exc.value.code == 2 and "--instructions applies to --suite device only" in capsys.readouterr().err
 
 
 def test_interleaved_may_collect_garbage_before_each_timed_call(monkeypatch):

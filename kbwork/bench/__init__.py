@@ -398,6 +398,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="steady suite: points of the sweep timed serially, on processes and on Dask (default 10000)")
     p.add_argument("--no-dask", action="store_true",
                    help="steady and model suites: skip the Dask LocalCluster sweep")
+    p.add_argument("--instructions", action="store_true",
+                   help="device suite: also count the one-PE runs' machine instructions, now and before the device "
+                        "work, under valgrind (deterministic where seconds are not; some minutes more)")
     p.add_argument("--before", type=Path, default=None, metavar="DIR",
                    help="device suite: a checkout of the code before the device work to measure the one-PE run "
                         "against (default: its commit extracted from this clone with git archive)")
@@ -411,6 +414,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--kv-lens does not apply to --suite {args.suite}: its sizes are fixed (32k tokens per task)")
     if args.before is not None and args.suite != "device":
         p.error("--before applies to --suite device only")
+    if args.instructions and args.suite != "device":
+        p.error("--instructions applies to --suite device only")
     if args.before is not None and not (args.before / "kbwork" / "__init__.py").is_file():
         from .device import AB_COMMIT
 
@@ -518,7 +523,7 @@ def _ratio_suite(args: argparse.Namespace) -> int:
     if args.suite == "device":
         from .device import checks_failed, format_suite, run_suite
 
-        result = run_suite(before=args.before)
+        result = run_suite(before=args.before, instructions=args.instructions)
     else:
         from .model import checks_failed, format_suite, run_suite
 

@@ -32,6 +32,15 @@ so that a slowdown of the shared machine lands on both sides:
    (or a checkout given as ``before=``); when the commit is not in this clone
    the row says so and is skipped.
 
+4. **instructions** (``--instructions``, when ``valgrind`` is on the PATH): row 3's runs counted in
+   machine instructions instead of seconds, under ``valgrind --tool=cachegrind --cache-sim=no`` with
+   ``PYTHONHASHSEED=0``: per variant and path, each checkout's instructions per run (a process making
+   :data:`INSN_RUNS` runs of it beyond a baseline process, after one warm-up run of every case in each,
+   the difference divided by :data:`INSN_RUNS`), and their ratio. Nearly deterministic where the seconds
+   are not (on this machine a one-PE row moved between 0.95x and 1.15x from one suite run to the next),
+   it says what each side executes, not what that costs on this hour's processor (caches, clocks and
+   neighbours are outside it): a proxy printed beside the rows, not a target.
+
 Each side of rows 1 and 2 is a median over at least ``MIN_SECONDS`` of calls
 (and 5 calls) in each of ``PASSES`` passes, and each side is its lowest pass
 median; row 3's sides are their lowest pass figures. Every pass's figures and
@@ -332,12 +341,106 @@ def before_rows(before: Path | None = None, kv_len: int | None = None, passes: i
     return rows, info
 
 
+# --- row 4: instructions under valgrind ---------------------------------------------------------------------
+#: A fresh interpreter on one checkout: one run of every (variant, path) of row 3, then ``n`` more of the one
+#: named (none for the baseline: what every count shares, the interpreter, the imports and the warm-up runs).
+INSN_SCRIPT = """
+import os, sys
+root, kv, variants, case, n = os.path.realpath(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
+import kbwork
+from kbwork import decode
+if not os.path.realpath(kbwork.__file__).startswith(root + os.sep):
+    raise SystemExit(f"kbwork was imported from {kbwork.__file__}, not from {root}")
+for v in variants.split(","):
+    for path in ("full", "steady"):
+        decode.run(v, kv_len=kv, mode="timing", steady_state=path == "steady")
+if n:
+    v, path = case.split()
+    for _ in range(n):
+        decode.run(v, kv_len=kv, mode="timing", steady_state=path == "steady")
+"""
+#: Row 4: the runs of a case beyond the baseline (the import of kbwork varies by about 10 M instructions from
+#: one process to the next; a steady one-PE run is about 20 M, a full one about 100 M).
+INSN_RUNS = 20
+
+
+def valgrind_instructions(stderr: str) -> int:
+    """The instruction count (``I refs``) in cachegrind's summary on ``stderr``.
+
+    Raises:
+        RuntimeError: the summary holds no count (valgrind failed or printed something else)."""
+    import re
+
+    found = re.search(r"I\s+refs:\s+([\d,]+)", stderr)
+    if found is None:
+        last = (stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise RuntimeError(f"valgrind printed no instruction count: {last}")
+    return int(found.group(1).replace(",", ""))
+
+
+def _instructions(checkout: Path, kv_len: int, case: str, n: int) -> int:
+    env = {**os.environ, "PYTHONPATH": str(checkout), "PYTHONHASHSEED": "0"}
+    with tempfile.TemporaryDirectory(prefix="kbwork-insn-") as cwd:
+        p = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
+                            sys.executable, "-c", INSN_SCRIPT, str(checkout), str(kv_len), ",".join(AB_VARIANTS),
+                            case, str(n)], env=env, cwd=cwd, capture_output=True, text=True)
+    if p.returncode:
+        last = ((p.stderr or p.stdout).strip().splitlines() or ["(no output)"])[-1]
+        raise RuntimeError(f"the counted run on {checkout} failed (status {p.returncode}): {last}")
+    return valgrind_instructions(p.stderr)
+
+
+def instruction_rows(before: Path | None = None, kv_len: int | None = None, runs: int | None = None,
+                     show_progress: bool = True) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Row 4 (module docstring): per variant and path, instructions per one-PE run on this checkout and on the
+    code before the device work, and their ratio; no rows, and why, without valgrind or the old code."""
+    import shutil
+
+    from tqdm.auto import tqdm
+
+    kv_len = AB_KV if kv_len is None else kv_len
+    runs = INSN_RUNS if runs is None else runs
+    info: dict[str, Any] = {"commit": AB_COMMIT, "kv_len": kv_len, "runs": runs,
+                            "how": f"valgrind --tool=cachegrind --cache-sim=no, PYTHONHASHSEED=0; per case (I(baseline "
+                                   f"+ {runs} runs) - I(baseline)) / {runs}"}
+    if shutil.which("valgrind") is None:
+        info["skipped"] = "valgrind is not on the PATH: the instruction counts are skipped"
+        return [], info
+    with contextlib.ExitStack() as stack:
+        if before is None:
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kbwork-before-")))
+            why = extract_commit(AB_COMMIT, tmp)
+            if why is not None:
+                info["skipped"] = f"{why}: the instruction counts are skipped"
+                return [], info
+            before = tmp
+        cases = [f"{v} {path}" for v in AB_VARIANTS for path in ("full", "steady")]
+        sides = {"now": ROOT, "before": Path(before).resolve()}
+        per_run: dict[tuple[str, str], int] = {}
+        with tqdm(total=len(sides) * (1 + len(cases)), desc="device: instructions",
+                  disable=not show_progress) as bar:
+            for side, checkout in sides.items():
+                base = _instructions(checkout, kv_len, "none", 0)
+                bar.update()
+                for case in cases:
+                    per_run[(side, case)] = (_instructions(checkout, kv_len, case, runs) - base) // runs
+                    bar.update()
+    rows = []
+    for case in cases:
+        v, path = case.split()
+        num, den = per_run[("now", case)], per_run[("before", case)]
+        rows.append({"measure": "instructions", "variant": v, "path": path, "kv_len": kv_len,
+                     "unit": "instructions", "num": num, "den": den, "ratio": num / den})
+    return rows, info
+
+
 # --- the suite --------------------------------------------------------------------------------------
 def run_suite(*, kv_len: int | None = None, device_pes: int | None = None, shared_pes: int | None = None,
               before: Path | None = None, ab_kv: int | None = None, ab_passes: int | None = None,
               min_seconds: float | None = None, passes: int | None = None,
-              show_progress: bool = True) -> dict[str, Any]:
-    """Every row of the module docstring; ``result["rows"]`` holds one row per measure (and variant)."""
+              show_progress: bool = True, instructions: bool = False) -> dict[str, Any]:
+    """Every row of the module docstring; ``result["rows"]`` holds one row per measure (and variant), and
+    ``result["instructions"]`` row 4's (only with ``instructions=True``: it takes some minutes)."""
     from . import MIN_SECONDS, PASSES, WARMUP_RUNS
     from .loops import ratio_passes
 
@@ -358,8 +461,12 @@ def run_suite(*, kv_len: int | None = None, device_pes: int | None = None, share
     for row in rows:
         row["target"] = TARGETS[row["measure"]]
         row["met"] = bool(row["ratio"] <= row["target"])
-    return {"rows": rows, "before": ab_info, "passes": passes, "min_seconds": min_seconds,
-            "warmup_runs": WARMUP_RUNS, "load_average_1min": load}
+    result = {"rows": rows, "before": ab_info, "passes": passes, "min_seconds": min_seconds,
+              "warmup_runs": WARMUP_RUNS, "load_average_1min": load}
+    if instructions:
+        insn, insn_info = instruction_rows(before, ab_kv, show_progress=show_progress)
+        result["instructions"] = {"rows": insn, **insn_info}
+    return result
 
 
 def checks_failed(result: dict[str, Any]) -> list[str]:
@@ -421,4 +528,12 @@ def format_suite(result: dict[str, Any]) -> list[str]:
                      f"{info['before']}")
     lines.append("load average (1 min) through the run: "
                  + ", ".join(f"{x:.2f}" for x in result["load_average_1min"]))
+    insn = result.get("instructions")
+    if insn is not None:
+        if "skipped" in insn:
+            lines.append(f"instructions: {insn['skipped']}")
+        else:
+            lines.append(f"instructions per one-PE run, now vs {AB_COMMIT} ({insn['how']}; a proxy, not the target):")
+            for r in insn["rows"]:
+                lines.append(f"  {r['variant']} {r['path']:<7} {r['num']:>14,} vs {r['den']:>14,}  {r['ratio']:.3f}x")
     return lines
