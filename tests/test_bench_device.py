@@ -144,7 +144,11 @@ def test_instruction_counts_read_cachegrind_and_divide_the_runs_beyond_the_basel
 
     monkeypatch.setattr(device, "_instructions", fake)
     monkeypatch.setattr("shutil.which", lambda name: "/usr/bin/valgrind")
+    # a directory without a kbwork package is no old checkout: skipped, saying so
+    rows, info = device.instruction_rows(tmp_path, 512, runs=4, show_progress=False)
+    assert rows == [] and "holds no kbwork package: the instruction counts are skipped" in info["skipped"]
     (tmp_path / "kbwork").mkdir()
+    (tmp_path / "kbwork" / "__init__.py").write_text("")
     rows, info = device.instruction_rows(tmp_path, 512, runs=4, show_progress=False)
     assert [(r["variant"], r["path"], r["num"], r["den"]) for r in rows] == [
         ("opt2", "full", 100, 200), ("opt2", "steady", 20, 40), ("opt3", "full", 180, 360), ("opt3", "steady", 22, 44)]

@@ -250,15 +250,40 @@ def ab_once(checkout: Path, kv_len: int, full_runs: int, steady_runs: int,
     seconds (``seconds``), over at least ``full_runs`` / ``steady_runs`` runs and :data:`AB_MIN_SECONDS` of
     them (their ``median`` and count, ``runs``, too)."""
     variants = AB_VARIANTS if variants is None else variants
-    env = {**os.environ, "PYTHONPATH": str(checkout)}
-    with tempfile.TemporaryDirectory(prefix="kbwork-ab-") as cwd:
-        p = subprocess.run([sys.executable, "-c", AB_SCRIPT, str(checkout), str(kv_len), str(full_runs),
-                            str(steady_runs), ",".join(variants), repr(AB_MIN_SECONDS)], env=env, cwd=cwd,
+    p = _child(checkout, [sys.executable, "-c", AB_SCRIPT, str(checkout), str(kv_len), str(full_runs),
+                          str(steady_runs), ",".join(variants), repr(AB_MIN_SECONDS)], "the one-PE run")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def _child(checkout: Path, argv: list[str], what: str, **env: str) -> subprocess.CompletedProcess:
+    """Run ``argv`` with ``checkout`` as its PYTHONPATH (and ``env``), in an empty directory so the current one
+    shadows nothing; its output.
+
+    Raises:
+        RuntimeError: it failed, naming ``what``, the checkout, the status and its last line of output."""
+    with tempfile.TemporaryDirectory(prefix="kbwork-child-") as cwd:
+        p = subprocess.run(argv, env={**os.environ, "PYTHONPATH": str(checkout), **env}, cwd=cwd,
                            capture_output=True, text=True)
     if p.returncode:
         last = ((p.stderr or p.stdout).strip().splitlines() or ["(no output)"])[-1]
-        raise RuntimeError(f"the one-PE run on {checkout} failed (status {p.returncode}): {last}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"{what} on {checkout} failed (status {p.returncode}): {last}")
+    return p
+
+
+def old_checkout(stack: contextlib.ExitStack, before: Path | None) -> tuple[Path | None, str]:
+    """The code before the device work: ``(checkout, where it came from)``, or ``(None, why there is none)``.
+    ``before`` names a checkout (it must hold a kbwork package); None extracts commit :data:`AB_COMMIT`'s tree
+    into a temporary directory that ``stack`` removes."""
+    if before is not None:
+        before = Path(before).resolve()
+        if not (before / "kbwork" / "__init__.py").is_file():
+            return None, f"{before} holds no kbwork package"
+        return before, str(before)
+    tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kbwork-before-")))
+    why = extract_commit(AB_COMMIT, tmp)
+    if why is not None:
+        return None, why
+    return tmp, f"commit {AB_COMMIT}, extracted with git archive"
 
 
 def extract_commit(commit: str, into: Path, repo: Path = ROOT) -> str | None:
@@ -292,20 +317,11 @@ def before_rows(before: Path | None = None, kv_len: int | None = None, passes: i
     info: dict[str, Any] = {"commit": AB_COMMIT, "now": str(ROOT), "kv_len": kv_len, "passes": passes,
                             "full_runs": full_runs, "steady_runs": steady_runs}
     with contextlib.ExitStack() as stack:
+        before, how = old_checkout(stack, before)
         if before is None:
-            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kbwork-before-")))
-            why = extract_commit(AB_COMMIT, tmp)
-            if why is not None:
-                info["skipped"] = f"{why}: the row against the code before the device work is skipped"
-                return [], info
-            before = tmp
-            info["before"] = f"commit {AB_COMMIT}, extracted with git archive"
-        else:
-            before = Path(before).resolve()
-            if not (before / "kbwork" / "__init__.py").is_file():
-                info["skipped"] = f"{before} holds no kbwork package: the row against the old code is skipped"
-                return [], info
-            info["before"] = str(before)
+            info["skipped"] = f"{how}: the row against the code before the device work is skipped"
+            return [], info
+        info["before"] = how
         sides = {"before": before, "now": ROOT}
         figures: dict[str, list[dict[str, float]]] = {"before": [], "now": []}
         medians: dict[str, list[dict[str, float]]] = {"before": [], "now": []}
@@ -379,14 +395,9 @@ def valgrind_instructions(stderr: str) -> int:
 
 
 def _instructions(checkout: Path, kv_len: int, case: str, n: int) -> int:
-    env = {**os.environ, "PYTHONPATH": str(checkout), "PYTHONHASHSEED": "0"}
-    with tempfile.TemporaryDirectory(prefix="kbwork-insn-") as cwd:
-        p = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
-                            sys.executable, "-c", INSN_SCRIPT, str(checkout), str(kv_len), ",".join(AB_VARIANTS),
-                            case, str(n)], env=env, cwd=cwd, capture_output=True, text=True)
-    if p.returncode:
-        last = ((p.stderr or p.stdout).strip().splitlines() or ["(no output)"])[-1]
-        raise RuntimeError(f"the counted run on {checkout} failed (status {p.returncode}): {last}")
+    p = _child(checkout, ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
+                          sys.executable, "-c", INSN_SCRIPT, str(checkout), str(kv_len), ",".join(AB_VARIANTS),
+                          case, str(n)], "the counted run", PYTHONHASHSEED="0")
     return valgrind_instructions(p.stderr)
 
 
@@ -407,15 +418,13 @@ def instruction_rows(before: Path | None = None, kv_len: int | None = None, runs
         info["skipped"] = "valgrind is not on the PATH: the instruction counts are skipped"
         return [], info
     with contextlib.ExitStack() as stack:
+        before, how = old_checkout(stack, before)
         if before is None:
-            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kbwork-before-")))
-            why = extract_commit(AB_COMMIT, tmp)
-            if why is not None:
-                info["skipped"] = f"{why}: the instruction counts are skipped"
-                return [], info
-            before = tmp
+            info["skipped"] = f"{how}: the instruction counts are skipped"
+            return [], info
+        info["before"] = how
         cases = [f"{v} {path}" for v in AB_VARIANTS for path in ("full", "steady")]
-        sides = {"now": ROOT, "before": Path(before).resolve()}
+        sides = {"now": ROOT, "before": before}
         per_run: dict[tuple[str, str], int] = {}
         with tqdm(total=len(sides) * (1 + len(cases)), desc="device: instructions",
                   disable=not show_progress) as bar:
