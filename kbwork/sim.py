@@ -365,13 +365,16 @@ def _refused_call(kernel: Callable[..., Any], tl: Any, args: tuple, kwargs: dict
     except TypeError as e:
         params = sig.parameters
         takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
-        named = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)][1:]
+        # the keywords a caller could mean: every parameter after tl that a keyword can set and none has
+        meant = [n for n, p in list(params.items())[1:]
+                 if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and n not in kwargs]
         unknown = [] if takes_any else [k for k in kwargs if k not in params]
         if unknown:  # a misspelt keyword is the mistake to name, not the argument it left missing
             why = []
             for k in unknown:
-                close = difflib.get_close_matches(k, [n for n in named if n not in kwargs], n=1, cutoff=0.6)
-                why.append(f"got an unexpected keyword argument {k!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+                close = difflib.get_close_matches(k, meant, n=1, cutoff=0.6)
+                why.append(f"got an unexpected keyword argument {k!r}"
+                           + (f" (did you mean {close[0]!r}?)" if close else ""))
             return "; ".join(why), str(sig)
         return str(e), str(sig)
     return None

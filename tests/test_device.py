@@ -232,6 +232,12 @@ def test_a_misspelt_keyword_of_a_launch_is_named_with_the_one_meant_not_the_argu
     with pytest.raises(ValidationError, match=r"unexpected keyword argument 'tiles'\. Its"):
         sim.run(k, x, tile=4, tiles=2)
 
+    def first_after_tl(tl, /, tile, x):  # tl positional-only: the parameter after it can still be meant
+        tl.load(x)
+
+    with pytest.raises(ValidationError, match=r"'tle' \(did you mean 'tile'\?\)"):
+        sim.run(first_after_tl, x=x, tle=4)
+
 
 def test_home_channel_refuses_a_pe_the_topology_does_not_have():
     topo = kbwork.Simulator(mode="timing", pes=8, hbm_channels=4).topo
