@@ -98,11 +98,10 @@ def refused_before_parsing(argv: list[str], parser: argparse.ArgumentParser
         if tok.startswith("-"):
             name = tok.split("=", 1)[0]
             action = opts.get(name)
-            if action is None and name.startswith("--") and not any(o.startswith(name) for o in opts):
+            if action is None and name.startswith("--") and not any(o.startswith(name) for o in opts) \
+                    and meant_option(tok, sub) is not None:  # misspelt (a bare unknown one is argparse's to refuse)
                 nxt = rest[i + 1] if i + 1 < len(rest) and "=" not in tok else "-"
-                hint = unrecognized([tok] if nxt.startswith("-") else [tok, nxt], sub)  # as argparse lists them
-                if hint.endswith("?)"):  # a misspelt option: say which was meant (a bare unknown one: argparse's)
-                    return sub, hint
+                return sub, unrecognized([tok] if nxt.startswith("-") else [tok, nxt], sub)  # as argparse lists them
             takes_value = "=" not in tok and (action is None or action.nargs != 0)
             continue
         if all(part in VARIANTS for part in tok.split(",")):
@@ -117,16 +116,22 @@ def refused_before_parsing(argv: list[str], parser: argparse.ArgumentParser
 def unrecognized(extras: list[str], parser: argparse.ArgumentParser) -> str:
     """argparse's "unrecognized arguments" message, with the option meant by the first unknown one."""
     message = f"unrecognized arguments: {' '.join(extras)}"
-    known = [o for o in parser._option_string_actions if o.startswith("--")]
     for arg in extras:
-        if not arg.startswith("-"):
-            continue
-        name = arg.split("=", 1)[0]
-        dashed = "--" + name.lstrip("-").replace("_", "-")
-        close = [dashed] if dashed in known else difflib.get_close_matches(dashed, known, n=1, cutoff=0.7)
-        if close:
-            return f"{message} (did you mean {close[0]}?)"
+        meant = meant_option(arg, parser)
+        if meant is not None:
+            return f"{message} (did you mean {meant}?)"
     return message
+
+
+def meant_option(arg: str, parser: argparse.ArgumentParser) -> str | None:
+    """The long option of ``parser`` that ``arg`` (``--kv_len``, ``--varaint=3``) most likely means, or None (not
+    an option, or nothing close)."""
+    if not arg.startswith("-"):
+        return None
+    known = [o for o in parser._option_string_actions if o.startswith("--")]
+    dashed = "--" + arg.split("=", 1)[0].lstrip("-").replace("_", "-")
+    close = [dashed] if dashed in known else difflib.get_close_matches(dashed, known, n=1, cutoff=0.7)
+    return close[0] if close else None
 
 
 
