@@ -579,18 +579,11 @@ def simulate_device(programs: dict[int, list[Program]], topo, tensors: Sequence[
     """
     from .steady import simulate_group, simulate_pe
 
-    if len(programs) == 1 and reduce and (topo.channel_fraction is None or topo.dma_channels < 2):
-        # one PE with one DMA unit, or on unconstrained channels: nothing to check, nothing can be contended
-        # (what a one-PE run is, nearly always: the walk over its commands is skipped)
-        uses: dict[int, Uses] = {}
-        shared: dict[int, int] = {}
-        grouped = [list(programs)]
-    else:
-        uses = {pe: uses_of(programs[pe]) for pe in programs}
-        if len(programs) > 1:  # isolation is between PEs: one PE's launches may share its bytes
-            check_isolation(programs, tensors, uses)
-        shared = contended_channels(programs, topo, uses)
-        grouped = groups(programs, shared, uses)
+    uses = {pe: uses_of(programs[pe]) for pe in programs}
+    if len(programs) > 1:  # isolation is between PEs: one PE's launches may share its bytes
+        check_isolation(programs, tensors, uses)
+    shared = contended_channels(programs, topo, uses)
+    grouped = groups(programs, shared, uses)
     if not reduce:
         if topo.channel_fraction is not None:
             shared = _channel_users(programs, topo, uses)
