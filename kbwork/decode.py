@@ -30,7 +30,7 @@ from .errors import ConfigError, ValidationError
 from .kernels.gqa_decode import DEFAULT_VARIANTS, VARIANTS, gqa_decode
 from .memory import DTYPE_MAX, DTYPES, Arena, canonical_dtype
 from .sim import MODES, Run, Simulator, chunks
-from .sweepfile import SweepFile
+from .sweepfile import SweepFile, check_switches
 
 DEFAULTS = dict(kv_len=4096, group=8, head_dim=128, tile=128, dtype="bf16", mode="data", seed=0)
 
@@ -816,10 +816,7 @@ def sweep(*, variants: tuple[str, ...] = DEFAULT_VARIANTS, progress: bool = True
     if unknown:
         raise ValidationError(f"sweep: unknown axis {', '.join(unknown)}; axes are {', '.join(SWEEP_AXES)}.")
     variants = _check_variants(variants, "sweep")
-    if not isinstance(resume, (bool, np.bool_)):
-        raise ValidationError(f"sweep: resume={resume!r}; pass True (continue the sweep in out=) or False.")
-    if not isinstance(progress, (bool, np.bool_)):
-        raise ValidationError(f"sweep: progress={progress!r}; pass True (a progress bar on stderr) or False.")
+    check_switches(resume, progress)
     if resume and out is None:
         raise ValidationError("sweep: resume=True continues the sweep recorded in out=, but no out= is given; pass "
                               "the file the sweep writes to (out='sweep.csv').")
@@ -984,10 +981,8 @@ class _SweepLog(SweepFile):
 
     def __init__(self, path: str | Path, names: list[str], variants: tuple[str, ...], points: list[dict],
                  resume: bool, metrics: tuple[str, ...], meta: dict[str, Any], topology: Topology):
-        super().__init__(path, "kbwork.decode.sweep", "a kbwork sweep record")
         self.metrics = tuple(metrics)
-        self.columns = ["point", *names, *self.metrics]
-        self.header = ",".join(self.columns) + "\n"
+        super().__init__(path, "kbwork.decode.sweep", "a kbwork sweep record", ["point", *names, *self.metrics])
         self.done: dict[int, dict[str, dict]] = {}
         recorded = self.open(resume, meta, _meta_differences, self.header)
         if recorded is not None:
@@ -995,8 +990,7 @@ class _SweepLog(SweepFile):
             if recorded["variants"] != meta["variants"]:  # more variants: the record says so before any new row
                 self.write_record(meta)
             if torn:  # drop the torn last line (and nothing else) before appending after it
-                atomic.write_text(self.path, self.header + "".join(
-                    self._rows_csv(list(self.done[i].values()), i) for i in sorted(self.done)))
+                self.write_rows({i: list(rows.values()) for i, rows in self.done.items()})
 
     def read_record(self) -> dict[str, Any]:
         recorded = super().read_record()
@@ -1095,24 +1089,7 @@ class _SweepLog(SweepFile):
                                         f"(these add up to {sum(row[c] for c in group)})")
         return {c: row[c] for c in ("point", *self.metrics)}
 
-    def _rows_csv(self, rows: list[dict], point: int) -> str:
-        import io
-
-        buf = io.StringIO()
-        pd.DataFrame([{"point": point, **r} for r in rows], columns=self.columns).to_csv(
-            buf, header=False, index=False, lineterminator="\n")
-        return buf.getvalue()
-
-    def append(self, point: int, rows: list[dict]) -> None:
-        """Add one finished point's rows to the file, whole: one write, undone if the system cuts it short.
-
-        Raises:
-            FileError: the rows could not be written (the file is as it was).
-        """
-        atomic.append_whole(self.path, self._rows_csv(rows, point).encode("utf-8"), f"point {point}'s rows")
-
     def rewrite(self, rows_of: dict[int, dict[str, dict]], variants: tuple[str, ...]) -> None:
         """Replace the file (atomically) by the header and every row, in point order, each point's variants
         in ``variants`` order."""
-        atomic.write_text(self.path, self.header + "".join(
-            self._rows_csv([rows_of[i][v] for v in variants if v in rows_of[i]], i) for i in sorted(rows_of)))
+        self.write_rows({i: [rows[v] for v in variants if v in rows] for i, rows in rows_of.items()})

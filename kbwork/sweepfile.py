@@ -4,29 +4,69 @@
 finish, so a sweep cut short resumes from the file. What decides the rows is
 recorded beside them before the first row; a resume under anything else is
 refused, saying what differs. :class:`SweepFile` is what the two share: the
-paths (checked before any work), opening a file (fresh, or resumed after its
-record is read and compared), reading its text, and the refusals, each naming
-the file and what to do. How rows are read back and checked is each sweep's.
+paths (checked before any work), their two switches (``resume=``,
+``progress=``), opening a file (fresh, or resumed after its record is read and
+compared), reading its text, writing rows (a point's whole, or the file anew),
+and the refusals, each naming the file and what to do. How rows are read back
+and checked is each sweep's.
 """
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
+
+import numpy as np
+import pandas as pd
 
 from . import atomic
 from .errors import ValidationError
 
 
-class SweepFile:
-    """A sweep's CSV at ``path`` and its record beside it; ``record`` is the ``"what"`` the record must name."""
+def check_switches(resume: Any, progress: Any) -> None:
+    """Refuse a sweep's ``resume=`` or ``progress=`` that is not True or False (``progress="no"`` would draw a bar).
 
-    def __init__(self, path: str | Path, record: str, noun: str):
+    Raises:
+        ValidationError: naming the switch, what was given and what each value does.
+    """
+    if not isinstance(resume, (bool, np.bool_)):
+        raise ValidationError(f"sweep: resume={resume!r}; pass True (continue the sweep in out=) or False.")
+    if not isinstance(progress, (bool, np.bool_)):
+        raise ValidationError(f"sweep: progress={progress!r}; pass True (a progress bar on stderr) or False.")
+
+
+class SweepFile:
+    """A sweep's CSV at ``path`` and its record beside it; ``record`` is the ``"what"`` the record must name,
+    ``columns`` the CSV's (``point`` first)."""
+
+    def __init__(self, path: str | Path, record: str, noun: str, columns: Iterable[str]):
         self.path = Path(atomic.check_output_path(path, suffix=".csv", what="sweep out"))
         self.meta_path = Path(f"{self.path}.meta.json")
         atomic.check_output_path(self.meta_path, suffix=".json", what="sweep out's record")
         self.record, self.noun = record, noun
+        self.columns = list(columns)
+        self.header = ",".join(self.columns) + "\n"
+
+    def rows_csv(self, rows: list[dict], point: int) -> str:
+        """``rows`` of point ``point`` as CSV lines in :attr:`columns` order (no header)."""
+        buf = io.StringIO()
+        pd.DataFrame([{"point": point, **r} for r in rows], columns=self.columns).to_csv(
+            buf, header=False, index=False, lineterminator="\n")
+        return buf.getvalue()
+
+    def append(self, point: int, rows: list[dict]) -> None:
+        """Add one finished point's rows to the file, whole: one write, undone if the system cuts it short.
+
+        Raises:
+            FileError: the rows could not be written (the file is as it was).
+        """
+        atomic.append_whole(self.path, self.rows_csv(rows, point).encode("utf-8"), f"point {point}'s rows")
+
+    def write_rows(self, rows_of: dict[int, list[dict]]) -> None:
+        """Replace the file (atomically) by the header and each point's rows, in point order."""
+        atomic.write_text(self.path, self.header + "".join(self.rows_csv(rows_of[i], i) for i in sorted(rows_of)))
 
     def refuse(self, why: str) -> ValidationError:
         """The refusal of a resume from this file, saying ``why``."""

@@ -21,7 +21,7 @@ import pandas as pd
 
 from ..config import Topology
 from ..errors import ConfigError, KbworkError, ValidationError
-from ..sweepfile import SweepFile
+from ..sweepfile import SweepFile, check_switches
 from .checks import check_batch, check_device_tasks, refuse_misnamed
 from .device import DEVICE_KEYS, DEVICE_V1, load_device
 from .files import HOST_KEYS, load_host, load_model
@@ -105,10 +105,7 @@ def sweep(*, variants: Sequence[str] = DEFAULT_VARIANTS, placements: Sequence[st
         raise ValidationError(f"sweep: unknown axis {', '.join(unknown)}; axes are {', '.join(SWEEP_AXES)}.")
     if "context" not in axes:
         raise ValidationError("sweep: give a context axis (KV lengths, e.g. context=[1024, 8192, 32768]).")
-    if not isinstance(resume, (bool, np.bool_)):
-        raise ValidationError(f"sweep: resume={resume!r}; pass True (continue the sweep in out=) or False.")
-    if not isinstance(progress, (bool, np.bool_)):
-        raise ValidationError(f"sweep: progress={progress!r}; pass True (a progress bar on stderr) or False.")
+    check_switches(resume, progress)
     todo_cases = _case_list(variants, placements, schedules)
     base_host = load_host(host)
     base_device = load_device(device)
@@ -139,7 +136,7 @@ def sweep(*, variants: Sequence[str] = DEFAULT_VARIANTS, placements: Sequence[st
                        progress=progress and len(tasks) * len(todo_cases) > 4, desc="model sweep", unit="point",
                        on_result=finished)
     if log is not None:
-        log.rewrite(rows_of)
+        log.write_rows(rows_of)
     df = pd.DataFrame([row for i in range(len(points)) for row in rows_of[i]], columns=[*names, *METRICS])
     record_setup(df, base_host, base_device)
     return df
@@ -315,12 +312,11 @@ class _SweepLog(SweepFile):
 
     def __init__(self, path: str | Path, names: list[str], todo_cases: list[tuple[str, str, str]],
                  points: list[dict], resume: bool, meta: dict[str, Any]):
-        super().__init__(path, "kbwork.model.sweep", "a kbwork model sweep record")
-        self.columns = ["point", *names, *METRICS]
+        super().__init__(path, "kbwork.model.sweep", "a kbwork model sweep record", ["point", *names, *METRICS])
         self.done: dict[int, list[dict]] = {}
-        if self.open(resume, meta, _meta_differences, ",".join(self.columns) + "\n") is not None:
+        if self.open(resume, meta, _meta_differences, self.header) is not None:
             self._read(names, todo_cases, points)
-            self.rewrite(self.done)  # without the rows of points cut short, which run again
+            self.write_rows(self.done)  # without the rows of points cut short, which run again
 
     def _read(self, names: list[str], todo_cases: list[tuple[str, str, str]], points: list[dict]) -> None:
         text = self.read_text()
@@ -375,29 +371,6 @@ class _SweepLog(SweepFile):
                 raise bad(column, "what bounds the step")
             row[column] = fields[column]
         return row
-
-    def _rows_csv(self, rows: list[dict], point: int) -> str:
-        buf = io.StringIO()
-        pd.DataFrame([{"point": point, **r} for r in rows], columns=self.columns).to_csv(
-            buf, header=False, index=False, lineterminator="\n")
-        return buf.getvalue()
-
-    def append(self, point: int, rows: list[dict]) -> None:
-        """Add one finished point's rows to the file, whole (undone if the system cuts the write short).
-
-        Raises:
-            FileError: the rows could not be written (the file is as it was).
-        """
-        from .. import atomic
-
-        atomic.append_whole(self.path, self._rows_csv(rows, point).encode("utf-8"), f"point {point}'s rows")
-
-    def rewrite(self, rows_of: dict[int, list[dict]]) -> None:
-        """Replace the file (atomically) by the header and ``rows_of`` in point order."""
-        from .. import atomic
-
-        atomic.write_text(self.path, ",".join(self.columns) + "\n"
-                          + "".join(self._rows_csv(rows_of[i], i) for i in sorted(rows_of)))
 
 
 def _number_or_text(text: str) -> Any:
