@@ -300,6 +300,17 @@ def _short(text: str) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def did_you_mean(asked: Any, known: Any) -> str:
+    """`` (did you mean 'x'?)`` naming the built-in name closest to a misspelt one (``llama3-8b`` ->
+    ``llama-3-8b``), or ``""`` when none is close or ``asked`` is a path (a file the user meant to point at)."""
+    text = str(asked)
+    if "/" in text or "\\" in text or text.endswith(".toml"):
+        return ""
+    by_lower = {str(k).lower(): k for k in known}  # LLAMA-3-8B means llama-3-8b as much as llama3-8b does
+    close = difflib.get_close_matches(text.lower(), list(by_lower), n=1, cutoff=0.6)
+    return f" (did you mean {by_lower[close[0]]!r}?)" if close else ""
+
+
 def _check_sign(key: str, v: float) -> None:
     if v < 0:
         raise ConfigError(f"topology key {key!r} is {_num(v)}; it cannot be negative.")
@@ -386,7 +397,8 @@ def _load_file(path: Path, name: str) -> Topology:
     except FileNotFoundError:
         known = sorted(_BUILTIN_PATHS)
         raise ConfigError(f"topology {_short(repr(name))} not found (looked for {_short(str(path))}). "
-                          f"Known topologies: {', '.join(known) or 'none'}; or pass a path to a .toml file.") from None
+                          f"Known topologies: {', '.join(known) or 'none'}{did_you_mean(name, known)}; or pass a "
+                          f"path to a .toml file.") from None
     except OSError as exc:
         raise ConfigError(f"{_short(str(path))}: cannot read the topology file: {exc.strerror or exc}.") from None
     if stat.S_ISDIR(st.st_mode):

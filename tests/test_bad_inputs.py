@@ -125,6 +125,8 @@ CONFIG_CASES = [
     pytest.param(_load(b"ahbm-pe-v1"), r"\(a bytes\)", id="bytes-topology"),
     pytest.param(_load(""), r"topology name is empty", id="empty-name"),
     pytest.param(_load("no-such-topology"), r"'no-such-topology' not found.*ahbm-pe-v1", id="unknown-name"),
+    pytest.param(_load("ahbm-devce-v1"), r"ahbm-pe-v1 \(did you mean 'ahbm-device-v1'\?\); or pass a path",
+                 id="misspelt-name"),
     pytest.param(_load("a\0b"), r"contains a NUL character", id="nul-in-name"),
     pytest.param(_load("x" * 5000), r"xxx\.\.\.: cannot read the topology file: File name too long",
                  id="name-too-long"),

@@ -91,6 +91,12 @@ def test_a_bad_model_file_is_a_config_error_naming_the_key_and_the_file(tmp_path
 def test_an_unknown_model_or_a_bad_argument_is_a_config_error():
     with pytest.raises(ConfigError, match=r"model 'llama-4' not found .*Known models: llama-3-70b, llama-3-8b"):
         load_model("llama-4")
+    with pytest.raises(ConfigError, match=r"llama-3-8b \(did you mean 'llama-3-8b'\?\); or pass"):
+        load_model("LLAMA3-8b")  # a misspelt built-in name: the closest is named
+    with pytest.raises(ConfigError, match=r"Known models: llama-3-70b, llama-3-8b; or pass"):
+        load_model("zzz")        # nothing close: no guess
+    with pytest.raises(ConfigError, match=r"Known models: llama-3-70b, llama-3-8b; or pass"):
+        load_model(str(MODELS_DIR / "llama3-8b.toml"))  # a path names a file, not a built-in: no guess
     with pytest.raises(ConfigError, match="model must be a name"):
         load_model(8)
     with pytest.raises(ConfigError, match="model name is empty"):

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import DATA_DIR
+from ..config import DATA_DIR, did_you_mean
 from ..errors import ConfigError, ValidationError
 
 MODELS_DIR = DATA_DIR / "models"
@@ -87,9 +87,11 @@ def read_toml(path: Path, what: str, directory: Path, name: Any = None) -> dict[
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        known = ", ".join(_builtin(directory)) or "none"
+        builtin = _builtin(directory)
+        known = ", ".join(builtin) or "none"
         asked = _short(str(path if name is None else name))
-        raise ConfigError(f"{what} {asked!r} not found (looked for {_short(str(path))}). Known {what}s: {known}; "
+        raise ConfigError(f"{what} {asked!r} not found (looked for {_short(str(path))}). Known {what}s: {known}"
+                          f"{did_you_mean(path if name is None else name, builtin)}; "
                           f"or pass a path to a .toml file.") from None
     except OSError as exc:
         raise ConfigError(f"{_short(str(path))}: cannot read the {what} file: {exc.strerror or exc}.") from None
