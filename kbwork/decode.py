@@ -984,7 +984,7 @@ class _SweepLog(SweepFile):
         self.metrics = tuple(metrics)
         super().__init__(path, "kbwork.decode.sweep", "a kbwork sweep record", ["point", *names, *self.metrics])
         self.done: dict[int, dict[str, dict]] = {}
-        recorded = self.open(resume, meta, _meta_differences, self.header)
+        recorded = self.open(resume, meta, _meta_differences)
         if recorded is not None:
             torn = self._read(names, variants, points, topology)
             if recorded["variants"] != meta["variants"]:  # more variants: the record says so before any new row

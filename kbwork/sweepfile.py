@@ -72,10 +72,10 @@ class SweepFile:
         """The refusal of a resume from this file, saying ``why``."""
         return ValidationError(f"sweep: cannot resume from {str(self.path)!r}: {why}")
 
-    def open(self, resume: bool, meta: dict[str, Any], differences: Callable[[dict, dict], list[str]],
-             header: str) -> dict[str, Any] | None:
+    def open(self, resume: bool, meta: dict[str, Any],
+             differences: Callable[[dict, dict], list[str]]) -> dict[str, Any] | None:
         """Start the file: if it holds rows, refuse unless ``resume``, and refuse a record that ``differences``
-        finds unlike ``meta``; return the record read. Otherwise write ``meta`` and ``header``; return None.
+        finds unlike ``meta``; return the record read. Otherwise write ``meta`` and :attr:`header`; return None.
 
         Raises:
             ValidationError: the file exists without ``resume``, or its record is missing, unreadable, not this
@@ -83,7 +83,7 @@ class SweepFile:
         """
         if not (self.path.exists() and self.path.stat().st_size):
             self.write_record(meta)
-            atomic.write_text(self.path, header)
+            atomic.write_text(self.path, self.header)
             return None
         if not resume:
             raise ValidationError(f"sweep: {str(self.path)!r} exists; pass resume=True to continue that sweep, "

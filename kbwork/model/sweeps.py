@@ -314,7 +314,7 @@ class _SweepLog(SweepFile):
                  points: list[dict], resume: bool, meta: dict[str, Any]):
         super().__init__(path, "kbwork.model.sweep", "a kbwork model sweep record", ["point", *names, *METRICS])
         self.done: dict[int, list[dict]] = {}
-        if self.open(resume, meta, _meta_differences, self.header) is not None:
+        if self.open(resume, meta, _meta_differences) is not None:
             self._read(names, todo_cases, points)
             self.write_rows(self.done)  # without the rows of points cut short, which run again
 
