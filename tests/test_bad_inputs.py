@@ -1047,3 +1047,29 @@ def test_a_recipes_own_ops_are_still_checked_for_scalars_shapes_and_the_ops_arou
     with pytest.raises(ValidationError, match=r"op 8 \(gemm\): handle 'F' comes from the HBM of simulator #\d+, "
                                               r"not the HBM of simulator #\d+"):
         run(foreign_head)
+
+
+@pytest.mark.parametrize("scratch, step, pattern", [
+    (("y", ("x0", 1), "fp32"), None, r"scratch 'y': dimension 'x0' of shape \('x0', 1\) is neither a positive int "
+                                     r"nor 'x\[i\]'"),
+    (("y", (0, 1), "fp32"), None, r"dimension 0 of shape \(0, 1\)"),
+    (("y", (), "fp32"), None, r"shape \(\) must be an operand's name or a non-empty tuple"),
+    (("y", "z", "fp32"), None, r"scratch 'y' takes the shape of 'z', which is not an operand \(x\)"),
+    (("y", "x", "fp33"), None, r"dtype 'fp33' is neither a dtype \(bf16, fp16, fp32\) nor an operand"),
+    (("y", "x", "fp32"), ("GEMM", "copy", ("x",), "y", {}), r"runs on engine 'GEMM'; recipe steps are MATH ops"),
+    (("y", "x", "fp32"), ("MATH", "fill", (), "y", {"value": float("nan")}),
+     r"binds scalar 'value' to nan; bind it to a param's name or a number"),
+    (("y", "x", "fp32"), ("MATH", "fill", (), "y", {"value": True}), r"binds scalar 'value' to True"),
+])
+def test_a_recipe_descriptor_an_expansion_could_not_apply_is_refused_when_it_is_made(scratch, step, pattern):
+    """A new recipe's mistakes surface where it is written, as a ValidationError naming the recipe and the rule,
+    not mid-kernel as a KeyError (a dtype that is not one) or an AttributeError (a dimension not 'x[i]')."""
+    from kbwork.triton_emu.tl_recipes import EngineOp, RecipeDescriptor, ScratchSpec
+
+    engine, kind, srcs, dst, scalars = step or ("MATH", "copy", ("x",), "y", {})
+    _raises(lambda: RecipeDescriptor(name="mine", operands={"x": "R"}, scratch=(ScratchSpec(*scratch),),
+                                     engine_seq=(EngineOp(engine, kind, srcs, dst, scalars=scalars),)),
+            ValidationError, r"^recipe descriptor 'mine': .*" + pattern)
+    # the same rules, written well, are taken
+    RecipeDescriptor(name="mine", operands={"x": "R"}, scratch=(ScratchSpec("y", ("x[0]", 1), "x"),),
+                     engine_seq=(EngineOp("MATH", "rmax", ("x",), "y"),))

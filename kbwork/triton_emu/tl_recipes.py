@@ -77,6 +77,32 @@ class ScratchSpec:
         return names
 
 
+def _check_scratch_rule(where: str, s: ScratchSpec, operands: Mapping[str, str], dtypes: Mapping[str, Any]) -> None:
+    """Refuse a scratch rule an expansion could not apply: a shape that is neither an operand's name nor a
+    tuple of positive ints and ``"x[i]"`` dimensions, a dtype that is neither a dtype nor an operand's name."""
+    if not isinstance(s.name, str) or not s.name:
+        raise ValidationError(f"{where}: scratch name {s.name!r} must be a non-empty string.")
+    what = f"{where}: scratch {s.name!r}"
+    if isinstance(s.shape, str):
+        if s.shape not in operands:
+            raise ValidationError(f"{what} takes the shape of {s.shape!r}, which is not an operand "
+                                  f"({', '.join(operands)}); name an operand, or give a tuple such as "
+                                  f"('x[0]', 1).")
+    elif not isinstance(s.shape, tuple) or not s.shape:
+        raise ValidationError(f"{what}: shape {s.shape!r} must be an operand's name or a non-empty tuple of "
+                              f"dimensions, each a positive int or 'x[i]' (dimension i of operand x).")
+    else:
+        for d in s.shape:
+            ok = (_DIM.match(d) is not None if isinstance(d, str)
+                  else isinstance(d, int) and not isinstance(d, bool) and d > 0)
+            if not ok:
+                raise ValidationError(f"{what}: dimension {d!r} of shape {s.shape!r} is neither a positive int "
+                                      f"nor 'x[i]' (dimension i of operand x), e.g. ('x[0]', 1).")
+    if not isinstance(s.dtype, str) or (s.dtype not in dtypes and s.dtype not in operands):
+        raise ValidationError(f"{what}: dtype {s.dtype!r} is neither a dtype ({', '.join(dtypes)}) nor an "
+                              f"operand whose dtype it takes ({', '.join(operands)}).")
+
+
 @dataclass(frozen=True)
 class PrimaryOutSpec:
     """The recipe's implicit output: one of its scratch buffers, auto-bound to the head GEMM's ``binds`` port."""
@@ -127,7 +153,9 @@ class RecipeDescriptor:
         scratch = [s.name for s in self.scratch]
         if len(set(scratch)) != len(scratch) or set(scratch) & set(self.operands) or set(scratch) & set(self.params):
             raise ValidationError(f"{where}: scratch, operand and param names must be distinct.")
+        from ..memory import DTYPES
         for s in self.scratch:
+            _check_scratch_rule(where, s, self.operands, DTYPES)
             if not s.refers_to() <= set(self.operands):
                 raise ValidationError(f"{where}: scratch {s.name!r} derives from {sorted(s.refers_to())}, "
                                       f"which are not all operands ({', '.join(self.operands)}).")
@@ -145,6 +173,14 @@ class RecipeDescriptor:
                                           f"param ({', '.join(self.params) or 'none'}).")
         from ..pe.ops import OPS
         for step in self.engine_seq:
+            if step.engine != "MATH":
+                raise ValidationError(f"{where}: step {step!r} runs on engine {step.engine!r}; recipe steps are "
+                                      f"MATH ops (engine 'MATH').")
+            for k, v in step.scalars.items():
+                if not isinstance(v, str) and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                               or math.isnan(v)):
+                    raise ValidationError(f"{where}: step {step!r} binds scalar {k!r} to {v!r}; bind it to a "
+                                          f"param's name or a number.")
             info = OPS.get(step.kind)
             if info is None or info.kind == "gemm" or len(step.srcs) != len(info.operands):
                 raise ValidationError(f"{where}: step {step!r} is not a MATH op of the op table with "
