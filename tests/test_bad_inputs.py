@@ -1073,3 +1073,20 @@ def test_a_recipe_descriptor_an_expansion_could_not_apply_is_refused_when_it_is_
     # the same rules, written well, are taken
     RecipeDescriptor(name="mine", operands={"x": "R"}, scratch=(ScratchSpec("y", ("x[0]", 1), "x"),),
                      engine_seq=(EngineOp("MATH", "rmax", ("x",), "y"),))
+
+
+@pytest.mark.parametrize("kw, pattern", [
+    (dict(operands="a", fn=np.negative), r"^OpInfo 'neg': operands must be a tuple of names, got 'a'; write \('a',\)"),
+    (dict(operands=("a",)), r"^OpInfo 'neg': fn must be its numpy meaning, called as fn\(\*operands, \*\*scalars\)"),
+    (dict(operands=("a", "out"), fn=np.add), r"names must be distinct and not 'out', got \['a', 'out'\]"),
+    (dict(operands=("a",), scalars=("a",), fn=np.add), r"names must be distinct"),
+    (dict(operands=("a",), scalars=["k"], fn=np.add), r"scalars must be a tuple of names, got \['k'\]"),
+    (dict(operands=(), accumulator=True, reduction=True, fn=np.add), r"cannot also be a row reduction"),
+    (dict(kind="neg op", operands=("a",), fn=np.negative), r"^OpInfo: kind 'neg op' must be a name"),
+])
+def test_an_op_table_entry_that_could_not_run_is_refused_when_it_is_made(kw, pattern):
+    """A new MATH op's mistakes surface where the OpInfo is written, not as a TypeError in a data-mode run."""
+    from kbwork.pe.ops import OpInfo
+
+    _raises(lambda: OpInfo(**{"kind": "neg", **kw}), ValidationError, pattern)
+    assert OpInfo("neg", ("a",), fn=np.negative).operand_set == {"a"}

@@ -38,6 +38,8 @@ from typing import Callable
 
 import numpy as np
 
+from ..errors import ValidationError
+
 
 @dataclass(frozen=True)
 class OpInfo:
@@ -68,6 +70,26 @@ class OpInfo:
     shipped_set: frozenset = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        # a new entry's mistakes fail here, where it is written, not as a TypeError in the middle of a run
+        where = f"OpInfo {self.kind!r}"
+        if not isinstance(self.kind, str) or not self.kind.isidentifier():
+            raise ValidationError(f"OpInfo: kind {self.kind!r} must be a name (an identifier string).")
+        names: list[str] = []
+        for what in ("operands", "scalars", "params"):
+            v = getattr(self, what)
+            if not isinstance(v, tuple) or not all(isinstance(x, str) and x.isidentifier() for x in v):
+                hint = f"; write ({v!r},) for one" if isinstance(v, str) else ""
+                raise ValidationError(f"{where}: {what} must be a tuple of names, got {v!r}{hint}.")
+            names += v
+        if len(set(names)) != len(names) or "out" in names:
+            raise ValidationError(f"{where}: operand, scalar and param names must be distinct and not 'out', got "
+                                  f"{names}.")
+        if self.kind != "gemm" and not callable(self.fn):
+            raise ValidationError(f"{where}: fn must be its numpy meaning, called as fn(*operands, **scalars) "
+                                  f"(an accumulator op gets the running value first); got {self.fn!r}.")
+        if self.accumulator and self.reduction:
+            raise ValidationError(f"{where}: an accumulator op updates the running value in place; it cannot "
+                                  f"also be a row reduction.")
         object.__setattr__(self, "operand_set", frozenset(self.operands))
         object.__setattr__(self, "shipped_set", frozenset(self.shipped))
 
