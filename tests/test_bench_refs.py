@@ -99,3 +99,20 @@ def test_bench_entry_point_writes_its_table(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "decode.csv").read_text().startswith("variant,kv_len,tile,mode")
     out = capsys.readouterr().out
     assert "time per tile" in out and "op_log: at most" in out
+
+
+def test_bench_quiet_shows_no_progress_bar(tmp_path, monkeypatch, capsys):
+    """``-q`` turns the progress bars off, as on every other command; without it a bar is drawn."""
+    from kbwork import bench
+
+    monkeypatch.setattr(bench, "MIN_SECONDS", 0.001)
+    monkeypatch.setattr(bench, "compare_case", lambda kv, budget: {"kv_len": kv, "compare_ms": 1.0,
+                                                                 "budget_ms": budget, "within_budget": True})
+    monkeypatch.setattr(bench, "gantt_case", lambda: None)
+    argv = ["--kv-lens", "256", "--modes", "timing", "--no-refs", "--out", str(tmp_path)]
+    assert bench.main(argv) == 0
+    assert "timing pass" in capsys.readouterr().err
+    assert bench.main(argv + ["-q"]) == 0
+    err = capsys.readouterr().err
+    assert "timing pass" not in err and "decode" not in err.replace("decode.csv", "").replace("decode.json", "")
+    assert "wrote" in err  # what was written is still said

@@ -407,6 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", type=positive_int, metavar="KV_LEN",
                    help=f"instead: print phase timings and a cProfile summary of one opt3 run at KV_LEN "
                         f"(a multiple of {TILE})")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar on stderr")
     args = p.parse_args(argv)
     if args.suite == "loops" and args.kv_lens is not None:
         p.error("--kv-lens does not apply to --suite loops: its sizes are fixed (16M and 4k, 32k, 256k tokens)")
@@ -449,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
             from .gemm import main as gemm_main
 
             return gemm_main(["--scales", ",".join(map(str, args.scales)), "--modes", ",".join(args.modes),
-                              "--repeats", str(args.repeats)])
+                              "--repeats", str(args.repeats)] + (["--quiet"] if args.quiet else []))
         check_out_dir(args.out)
         if args.suite == "panel":
             from .panel import main as panel_main
@@ -515,7 +516,7 @@ def _loops_suite(args: argparse.Namespace) -> int:
         print("kbwork bench: note: threadpoolctl is not installed (pip install -e '.[bench]'), so numpy's BLAS "
               "runs on as many threads as it starts in the data measure, competing with the simulator for the "
               "cores; the figures are measured anyway", file=sys.stderr)
-    return _report(args, "loops.json", run_suite(), format_suite, checks_failed)
+    return _report(args, "loops.json", run_suite(show_progress=not args.quiet), format_suite, checks_failed)
 
 
 def _ratio_suite(args: argparse.Namespace) -> int:
@@ -523,13 +524,13 @@ def _ratio_suite(args: argparse.Namespace) -> int:
     if args.suite == "device":
         from .device import checks_failed, format_suite, run_suite
 
-        result = run_suite(before=args.before, instructions=args.instructions)
+        result = run_suite(before=args.before, instructions=args.instructions, show_progress=not args.quiet)
     else:
         from .model import checks_failed, format_suite, run_suite
 
         if args.no_dask:
             print("kbwork bench: note: --no-dask: the sweep row is skipped", file=sys.stderr)
-        result = run_suite(dask=not args.no_dask)
+        result = run_suite(dask=not args.no_dask, show_progress=not args.quiet)
     return _report(args, f"{args.suite}.json", result, format_suite, checks_failed)
 
 
@@ -570,7 +571,7 @@ def _machine() -> dict[str, str]:
 def _decode_suite(args: argparse.Namespace) -> int:
     from .. import atomic
 
-    result = run_decode_suite(args.kv_lens, args.modes, with_refs=not args.no_refs)
+    result = run_decode_suite(args.kv_lens, args.modes, with_refs=not args.no_refs, show_progress=not args.quiet)
     result["machine"] = {"python": platform.python_version(), "platform": platform.platform(),
                          "processor": platform.processor(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     print(format_rows(result["rows"]))

@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="runs per case; the median is reported (default 3)")
     p.add_argument("--json", type=Path, help="also write the rows as JSON to this .json file")
     p.add_argument("--csv", type=Path, help="also write the rows as CSV to this .csv file")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress line on stderr")
     args = p.parse_args(argv)
     big = [s for s in args.scales if s > MAX_SCALE]
     if big:
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                 atomic.check_output_path(path, suffix=suffix, what=flag)
             except KbworkError as exc:
                 p.error(str(exc))
-    rows = run_benchmark(args.scales, args.modes, args.repeats)
+    rows = run_benchmark(args.scales, args.modes, args.repeats, progress=not args.quiet)
     print(format_table(rows))
     try:
         if args.json:
