@@ -64,6 +64,10 @@ from ..pe.scheduler import Program, Schedule, _spans_at
 from .loop import JOIN, MASK, PE_SHIFT, WAKE, DeviceState, PeState, new_pe, run
 from .records import Timeline, schedule_of, timeline_of
 
+#: The device steady state's sampling PE keeps its role through this many of its boundaries in a row that find
+#: some PE not at one (:class:`GroupSteady`).
+SAMPLER_MISSES = 1
+
 #: Boundaries a loop is watched for a repeated state before the steady state gives up on it (plus four
 #: structural periods).
 WATCH = 64
@@ -502,10 +506,24 @@ class GroupSteady:
     inserted at once for every PE, ``k`` stopping short of the earliest loop end among the PEs (each keeps
     a period and ``cmd_queue_depth`` commands before its loop's last iteration); then the run goes on and
     tries again, in the new regime (which PEs are in which loop, which have finished).
+
+    States are compared at the boundaries of one PE at a time, the *sampler*: the first PE whose boundary finds
+    every PE at one (each PE's boundaries make a sequence of samples of their own, and a repeat is proven
+    within one sequence, so sampling every PE's would compute every PE's state once per PE per period, for
+    the same proof). Another PE takes over when the sampler has finished or gone quiet (the other PEs have had
+    more boundaries than the group has PEs since its last), when more than :data:`SAMPLER_MISSES` of its
+    boundaries in a row found some PE elsewhere, or when it has spent its budget of boundaries. Which PE
+    samples changes when a repeat is proven, never what the run computes.
     """
 
     def __init__(self, pes: Sequence[PeState]):
         self.pes = list(pes)
+        self.sampler: PeState | None = None
+        self.idle = 0    # other PEs' boundaries since the sampler's last
+        self.misses = 0  # the sampler's boundaries in a row that found a PE elsewhere
+        #: what stopped the last try: (PE, None, launch) for a PE not at a boundary, (PE, loop, launch) for a
+        #: PE with too little of its loop left for a period
+        self.blocker: tuple | None = None
         self.watches: dict[int, _Watch] = {}
         self.insertions: dict[int, list[Insertion]] = {q.pe: [] for q in self.pes}
         self.regime: tuple | None = None
@@ -519,6 +537,32 @@ class GroupSteady:
             and q.next_dispatch >= q.n_lowered
 
     def __call__(self, dev: DeviceState, P: PeState, t: int) -> None:
+        s = self.sampler
+        if s is P:
+            self.idle = 0
+        elif s is not None:
+            self.idle += 1
+            if self.idle <= len(self.pes) and not self._finished(s):
+                return  # another PE's boundaries are being sampled
+            self.sampler = None  # it has gone quiet (straight-line code, finished): another PE may sample
+        if self._sample(dev, P, t):
+            self.sampler, self.misses = P, 0
+        elif self.sampler is P:
+            self.misses += 1
+            if self.misses > SAMPLER_MISSES:
+                self.sampler = None  # its boundaries keep missing the others': another PE may sample
+
+    def _sample(self, dev: DeviceState, P: PeState, t: int) -> bool:
+        """Compare the device's state at this boundary of ``P`` with the earlier ones (and jump on a repeat);
+        False when nothing could be compared here: a PE not at a boundary, ``P``'s budget spent, or no room
+        for a period."""
+        b = self.blocker  # what stopped the last try, asked first: it most often stops this one too
+        if b is not None:
+            q, loop, launch = b
+            if not self._finished(q):
+                at = q.cursor.at_boundary()
+                if at is None or (at[0] is loop and q.launch == launch):
+                    return False  # q is still elsewhere, or still in the loop it had too little of left
         pos: list[tuple[Loop, int, _Watch] | None] = []
         for q in self.pes:
             if self._finished(q):
@@ -526,10 +570,11 @@ class GroupSteady:
                 continue
             at = q.cursor.at_boundary() if hasattr(q.cursor, "at_boundary") else None
             if at is None:
-                return  # a PE in straight-line code or mid-iteration: nothing repeats now
+                self.blocker = (q, None, q.launch)
+                return False  # a PE in straight-line code or mid-iteration: nothing repeats now
             w = _watch(self.watches, at[0], q.cursor.program)
             if w.why_not is not None:
-                return
+                return False
             pos.append((at[0], at[1], w))
         regime = tuple(None if x is None else (q.launch, id(x[0])) for q, x in zip(self.pes, pos))
         if regime != self.regime:
@@ -541,7 +586,9 @@ class GroupSteady:
         periods = [x[2].period for x in pos if x is not None]
         j.watched += 1
         if j.watched > WATCH + 4 * max(periods, default=1):
-            return
+            if self.sampler is P:
+                self.sampler = None  # its budget is spent: another PE may try
+            return False
         # every PE in a loop must have room for a period beyond the one that proves it
         depth = P.cursor.program.topo.cmd_queue_depth
         keeps = []
@@ -552,7 +599,8 @@ class GroupSteady:
             loop, i, w = x
             keep = w.period + -(-depth // len(loop.body)) + 1
             if loop.iterations - i < keep + w.period:
-                return
+                self.blocker = (q, loop, q.launch)  # its iterations only grow: too few left until it leaves
+                return False
             keeps.append(keep)
         parts = []
         pending = events_by_pe(dev)
@@ -562,7 +610,7 @@ class GroupSteady:
                 continue
             st = canonical(dev, q, t, x[1] % x[2].period, pending.get(q.pe, ()))
             if st is None:
-                return
+                return True  # it refers to a command outside its loop (early in it): none to compare yet
             parts.append(st)
         parts.append(flows_state(dev, t, {q.pe: len(q.start) for q in self.pes}))
         state = tuple(parts)
@@ -570,7 +618,7 @@ class GroupSteady:
         hit = j.seen.get(state)
         if hit is None:
             j.seen[state] = (t, now)
-            return
+            return True
         t1, then = hit
         k = None
         for q, x, a, b, keep in zip(self.pes, pos, then, now, keeps):
@@ -578,11 +626,11 @@ class GroupSteady:
                 continue
             p = b[0] - a[0]
             if p <= 0:
-                return
+                return True
             room = (x[0].iterations - b[0] - keep) // p
             k = room if k is None else min(k, room)
         if not k or k < 1:
-            return
+            return True
         for q, x, a, b in zip(self.pes, pos, then, now):
             if x is None:
                 continue
@@ -597,6 +645,7 @@ class GroupSteady:
             x = pos[self.pes.index(P)]
             self.first = (now[self.pes.index(P)][0] - then[self.pes.index(P)][0], now[self.pes.index(P)][0])
         self.joint = {}  # what was seen lies before the jump: start afresh in the moved numbering
+        return True
 
     def state(self, q: PeState, progs: Sequence[Program], why_full: str) -> SteadyState:
         loops = [lp for p in progs for lp in p.loops]
