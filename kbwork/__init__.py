@@ -23,6 +23,21 @@ def clear_caches() -> None:
     PLAN_CACHE.clear()
 
 
+def __getattr__(name: str):
+    """``kbwork.decode`` (``plots``, ``model``, ...) before it is imported: an AttributeError that says how.
+
+    The package root imports only the simulator's surface (it ranks with ``sim``, DESIGN §9, and so
+    ``import kbwork`` loads neither matplotlib nor the widgets); the layers above it are imported by name.
+    """
+    if not name.startswith("_"):
+        from importlib.util import find_spec
+
+        if find_spec(f"{__name__}.{name}") is not None:
+            raise AttributeError(f"module 'kbwork' has no attribute {name!r} until the submodule is imported: "
+                                 f"`import kbwork.{name}` or `from kbwork import {name}`.", name=name, obj=None)
+    raise AttributeError(f"module 'kbwork' has no attribute {name!r}", name=name, obj=None)
+
+
 __version__ = "0.1.0"
 
 __all__ = ["Topology", "load_topology", "Simulator", "Run", "Launch", "DeviceRun", "Handle", "Space", "OpSpec", "Scope",

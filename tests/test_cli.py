@@ -163,3 +163,27 @@ def test_no_bar_for_quick_work_and_none_left_behind_by_an_error(capsys, monkeypa
     monkeypatch.setattr(decode, "compare", fails)
     code, _, err = _cli(["compare", "--kv-len", "256", "--mode", "timing"], capsys)
     assert code == 2 and err.rstrip().endswith("kbwork: error: stuck")  # the error on a line of its own
+
+
+def test_a_submodule_used_before_it_is_imported_says_how_to_import_it():
+    """``import kbwork`` loads the simulator's surface only (no matplotlib); ``kbwork.plots`` before ``import
+    kbwork.plots`` is an AttributeError that says how, and a name that is no submodule a plain one."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), MPLBACKEND="Agg")
+    code = ("import sys, kbwork\n"
+            "assert 'matplotlib' not in sys.modules\n"
+            "for name in ('plots', 'decode', 'nothing'):\n"
+            "    try:\n"
+            "        getattr(kbwork, name)\n"
+            "    except AttributeError as e:\n"
+            "        print(e)\n"
+            "import kbwork.plots\n"
+            "print(kbwork.plots.__name__, hasattr(kbwork, 'nothing'))\n")
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == [
+        "module 'kbwork' has no attribute 'plots' until the submodule is imported: `import kbwork.plots` or "
+        "`from kbwork import plots`.",
+        "module 'kbwork' has no attribute 'decode' until the submodule is imported: `import kbwork.decode` or "
+        "`from kbwork import decode`.",
+        "module 'kbwork' has no attribute 'nothing'",
+        "kbwork.plots False"]
