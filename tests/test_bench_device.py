@@ -115,8 +115,8 @@ def test_device_suite_skips_the_old_code_row_when_the_commit_is_missing(tiny, tm
 
 
 def _only_before(device):
-    def run_suite(*, before=None, instructions=False):
-        rows, info = device.before_rows(before)
+    def run_suite(*, before=None, instructions=False, show_progress=True):
+        rows, info = device.before_rows(before, show_progress=show_progress)
         return {"rows": rows, "before": info, "load_average_1min": [0.0]}
     return run_suite
 

@@ -522,7 +522,7 @@ class GroupSteady:
         self.idle = 0    # other PEs' boundaries since the sampler's last
         self.misses = 0  # the sampler's boundaries in a row that found a PE elsewhere
         #: what stopped the last try: (PE, None, launch) for a PE not at a boundary, (PE, loop, launch) for a
-        #: PE with too little of its loop left for a period
+        #: PE in a loop that cannot be accelerated or with too little of it left for a period
         self.blocker: tuple | None = None
         self.watches: dict[int, _Watch] = {}
         self.insertions: dict[int, list[Insertion]] = {q.pe: [] for q in self.pes}
@@ -562,7 +562,7 @@ class GroupSteady:
             if not self._finished(q):
                 at = q.cursor.at_boundary()
                 if at is None or (at[0] is loop and q.launch == launch):
-                    return False  # q is still elsewhere, or still in the loop it had too little of left
+                    return False  # q is still elsewhere, or still in the loop that stopped the last try
         pos: list[tuple[Loop, int, _Watch] | None] = []
         for q in self.pes:
             if self._finished(q):
@@ -574,6 +574,7 @@ class GroupSteady:
                 return False  # a PE in straight-line code or mid-iteration: nothing repeats now
             w = _watch(self.watches, at[0], q.cursor.program)
             if w.why_not is not None:
+                self.blocker = (q, at[0], q.launch)  # its loop cannot be accelerated: not while q is in it
                 return False
             pos.append((at[0], at[1], w))
         regime = tuple(None if x is None else (q.launch, id(x[0])) for q, x in zip(self.pes, pos))
