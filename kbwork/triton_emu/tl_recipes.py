@@ -26,6 +26,7 @@ plan cache keys on flat-op signatures only.
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -177,7 +178,7 @@ class RecipeDescriptor:
                 raise ValidationError(f"{where}: step {step!r} runs on engine {step.engine!r}; recipe steps are "
                                       f"MATH ops (engine 'MATH').")
             for k, v in step.scalars.items():
-                if not isinstance(v, str) and (isinstance(v, bool) or not isinstance(v, (int, float))
+                if not isinstance(v, str) and (isinstance(v, bool) or not isinstance(v, numbers.Real)
                                                or math.isnan(v)):
                     raise ValidationError(f"{where}: step {step!r} binds scalar {k!r} to {v!r}; bind it to a "
                                           f"param's name or a number.")
