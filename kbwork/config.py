@@ -371,7 +371,7 @@ def load_topology(name_or_path: str | os.PathLike[str] | Topology | None = None,
         if "\0" in str(name):
             raise ConfigError(f"topology {_short(repr(str(name)))} contains a NUL character; no file can have "
                               f"that name.")
-        if path.suffix != ".toml" and not _exists(path):
+        if path.suffix != ".toml" and not exists_quietly(path):
             path = TOPOLOGY_DIR / f"{name}.toml"
     base = _load_file(path, str(name))
     if not overrides:
@@ -379,11 +379,49 @@ def load_topology(name_or_path: str | os.PathLike[str] | Topology | None = None,
     return base.replace(**overrides)
 
 
-def _exists(path: Path) -> bool:
+def exists_quietly(path: Path) -> bool:
+    """Whether ``path`` exists; False for a name no file system could hold (too long, say) instead of raising."""
     try:
         return path.exists()
-    except OSError:  # e.g. a name too long for the file system: then it is no file
+    except OSError:
         return False
+
+
+def read_toml_file(path: Path, what: str, name: str, known: Iterable[str], known_as: str) -> dict[str, Any]:
+    """Read and parse one TOML file (a topology, model or host file): its document.
+
+    ``what`` names the kind of file in messages, ``name`` is what the caller asked for, ``known`` the built-in
+    names and ``known_as`` their plural ("topologies"), for a file that is not found.
+
+    Raises:
+        ConfigError: naming the file, for every way reading or parsing it can fail.
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        known = list(known)
+        raise ConfigError(f"{what} {_short(repr(name))} not found (looked for {_short(str(path))}). "
+                          f"Known {known_as}: {', '.join(known) or 'none'}{did_you_mean(name, known)}; or pass a "
+                          f"path to a .toml file.") from None
+    except OSError as exc:
+        raise ConfigError(f"{_short(str(path))}: cannot read the {what} file: {exc.strerror or exc}.") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"{what} {name!r} is a directory ({path}); pass a .toml file inside it.")
+    if not stat.S_ISREG(st.st_mode):  # a pipe or a device would block or read nothing
+        raise ConfigError(f"{what} {name!r} ({path}) is not a regular file; pass a .toml file.")
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the {what} file: {exc.strerror or exc}.") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not a UTF-8 text file (byte {exc.start} is {raw[exc.start]:#04x}); "
+                          f"TOML files must be UTF-8.") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
 
 
 def _load_file(path: Path, name: str) -> Topology:
@@ -392,32 +430,7 @@ def _load_file(path: Path, name: str) -> Topology:
     Raises:
         ConfigError: naming the file, for every way reading it can fail.
     """
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        known = sorted(_BUILTIN_PATHS)
-        raise ConfigError(f"topology {_short(repr(name))} not found (looked for {_short(str(path))}). "
-                          f"Known topologies: {', '.join(known) or 'none'}{did_you_mean(name, known)}; or pass a "
-                          f"path to a .toml file.") from None
-    except OSError as exc:
-        raise ConfigError(f"{_short(str(path))}: cannot read the topology file: {exc.strerror or exc}.") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise ConfigError(f"topology {name!r} is a directory ({path}); pass a .toml file inside it.")
-    if not stat.S_ISREG(st.st_mode):  # a pipe or a device would block or read nothing
-        raise ConfigError(f"topology {name!r} ({path}) is not a regular file; pass a .toml file.")
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the topology file: {exc.strerror or exc}.") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not a UTF-8 text file (byte {exc.start} is {raw[exc.start]:#04x}); "
-                          f"TOML files must be UTF-8.") from None
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    doc = read_toml_file(path, "topology", name, sorted(_BUILTIN_PATHS), "topologies")
     flat = _flatten(doc, str(path))
     _check_keys(flat, where=str(path))
     # a file that names no machine is that file's: its keys over the defaults, not ahbm-pe-v1 itself

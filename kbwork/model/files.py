@@ -15,14 +15,12 @@ import difflib
 import math
 import numbers
 import os
-import stat
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import DATA_DIR, did_you_mean
+from ..config import DATA_DIR, exists_quietly, read_toml_file
 from ..errors import ConfigError, ValidationError
 
 MODELS_DIR = DATA_DIR / "models"
@@ -69,46 +67,15 @@ def _resolve(name_or_path: str | os.PathLike[str], directory: Path, what: str) -
         path = Path(name_or_path)
     except TypeError:
         raise ConfigError(f"{what} path {name_or_path!r} must be text, not bytes.") from None
-    if path.suffix != ".toml" and not _exists(path):
+    if path.suffix != ".toml" and not exists_quietly(path):
         return directory / f"{path}.toml"
     return path
-
-
-def _exists(path: Path) -> bool:
-    try:
-        return path.exists()
-    except OSError:
-        return False
 
 
 def read_toml(path: Path, what: str, directory: Path, name: Any = None) -> dict[str, Any]:
     """Read one flat TOML file (``what`` is ``"model"`` or ``"host"``; ``name`` as the caller gave it), every
     failure a ConfigError naming it."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        builtin = _builtin(directory)
-        known = ", ".join(builtin) or "none"
-        asked = _short(str(path if name is None else name))
-        raise ConfigError(f"{what} {asked!r} not found (looked for {_short(str(path))}). Known {what}s: {known}"
-                          f"{did_you_mean(path if name is None else name, builtin)}; "
-                          f"or pass a path to a .toml file.") from None
-    except OSError as exc:
-        raise ConfigError(f"{_short(str(path))}: cannot read the {what} file: {exc.strerror or exc}.") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise ConfigError(f"{what} {str(path)!r} is a directory; pass a .toml file.")
-    if not stat.S_ISREG(st.st_mode):
-        raise ConfigError(f"{what} {str(path)!r} is not a regular file; pass a .toml file.")
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the {what} file: {exc.strerror or exc}.") from None
-    try:
-        doc = tomllib.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not a UTF-8 text file (byte {exc.start}); TOML files must be UTF-8.") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    doc = read_toml_file(path, what, str(path if name is None else name), _builtin(directory), f"{what}s")
     for key, value in doc.items():
         if isinstance(value, dict):
             raise ConfigError(f"{path}: [{key}] is a section; a {what} file has flat keys only.")
