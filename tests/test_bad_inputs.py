@@ -1054,7 +1054,7 @@ def test_a_recipes_own_ops_are_still_checked_for_scalars_shapes_and_the_ops_arou
                                      r"nor 'x\[i\]'"),
     (("y", (0, 1), "fp32"), None, r"dimension 0 of shape \(0, 1\)"),
     (("y", (), "fp32"), None, r"shape \(\) must be an operand's name or a non-empty tuple"),
-    (("y", "z", "fp32"), None, r"scratch 'y' takes the shape of 'z', which is not an operand \(x\)"),
+    (("y", "z", "fp32"), None, r"scratch 'y' derives from \['z'\], which are not all operands \(x\)"),
     (("y", "x", "fp33"), None, r"dtype 'fp33' is neither a dtype \(bf16, fp16, fp32\) nor an operand"),
     (("y", "x", "fp32"), ("GEMM", "copy", ("x",), "y", {}), r"runs on engine 'GEMM'; recipe steps are MATH ops"),
     (("y", "x", "fp32"), ("MATH", "fill", (), "y", {"value": float("nan")}),

@@ -79,20 +79,16 @@ class ScratchSpec:
 
 
 def _check_scratch_rule(where: str, s: ScratchSpec, operands: Mapping[str, str], dtypes: Mapping[str, Any]) -> None:
-    """Refuse a scratch rule an expansion could not apply: a shape that is neither an operand's name nor a
-    tuple of positive ints and ``"x[i]"`` dimensions, a dtype that is neither a dtype nor an operand's name."""
+    """Refuse a scratch rule an expansion could not apply: a shape that is neither a name nor a tuple of
+    positive ints and ``"x[i]"`` dimensions, a dtype that is neither a dtype nor an operand's name. (That the
+    names are operands' is :meth:`ScratchSpec.refers_to`'s check, run after this one.)"""
     if not isinstance(s.name, str) or not s.name:
         raise ValidationError(f"{where}: scratch name {s.name!r} must be a non-empty string.")
     what = f"{where}: scratch {s.name!r}"
-    if isinstance(s.shape, str):
-        if s.shape not in operands:
-            raise ValidationError(f"{what} takes the shape of {s.shape!r}, which is not an operand "
-                                  f"({', '.join(operands)}); name an operand, or give a tuple such as "
-                                  f"('x[0]', 1).")
-    elif not isinstance(s.shape, tuple) or not s.shape:
-        raise ValidationError(f"{what}: shape {s.shape!r} must be an operand's name or a non-empty tuple of "
-                              f"dimensions, each a positive int or 'x[i]' (dimension i of operand x).")
-    else:
+    if not isinstance(s.shape, str):  # (a name is an operand's: refers_to's check)
+        if not isinstance(s.shape, tuple) or not s.shape:
+            raise ValidationError(f"{what}: shape {s.shape!r} must be an operand's name or a non-empty tuple of "
+                                  f"dimensions, each a positive int or 'x[i]' (dimension i of operand x).")
         for d in s.shape:
             ok = (_DIM.match(d) is not None if isinstance(d, str)
                   else isinstance(d, int) and not isinstance(d, bool) and d > 0)
