@@ -387,11 +387,13 @@ def exists_quietly(path: Path) -> bool:
         return False
 
 
-def read_toml_file(path: Path, what: str, name: str, known: Iterable[str], known_as: str) -> dict[str, Any]:
+def read_toml_file(path: Path, what: str, name: str, known: Callable[[], Iterable[str]],
+                   known_as: str) -> dict[str, Any]:
     """Read and parse one TOML file (a topology, model or host file): its document.
 
-    ``what`` names the kind of file in messages, ``name`` is what the caller asked for, ``known`` the built-in
-    names and ``known_as`` their plural ("topologies"), for a file that is not found.
+    ``what`` names the kind of file in messages, ``name`` is what the caller asked for, ``known()`` the
+    built-in names and ``known_as`` their plural ("topologies"), for a file that is not found (asked only
+    then: listing them may read a directory).
 
     Raises:
         ConfigError: naming the file, for every way reading or parsing it can fail.
@@ -399,9 +401,9 @@ def read_toml_file(path: Path, what: str, name: str, known: Iterable[str], known
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        known = list(known)
+        names = list(known())
         raise ConfigError(f"{what} {_short(repr(name))} not found (looked for {_short(str(path))}). "
-                          f"Known {known_as}: {', '.join(known) or 'none'}{did_you_mean(name, known)}; or pass a "
+                          f"Known {known_as}: {', '.join(names) or 'none'}{did_you_mean(name, names)}; or pass a "
                           f"path to a .toml file.") from None
     except OSError as exc:
         raise ConfigError(f"{_short(str(path))}: cannot read the {what} file: {exc.strerror or exc}.") from None
@@ -430,7 +432,7 @@ def _load_file(path: Path, name: str) -> Topology:
     Raises:
         ConfigError: naming the file, for every way reading it can fail.
     """
-    doc = read_toml_file(path, "topology", name, sorted(_BUILTIN_PATHS), "topologies")
+    doc = read_toml_file(path, "topology", name, lambda: sorted(_BUILTIN_PATHS), "topologies")
     flat = _flatten(doc, str(path))
     _check_keys(flat, where=str(path))
     # a file that names no machine is that file's: its keys over the defaults, not ahbm-pe-v1 itself

@@ -75,7 +75,7 @@ def _resolve(name_or_path: str | os.PathLike[str], directory: Path, what: str) -
 def read_toml(path: Path, what: str, directory: Path, name: Any = None) -> dict[str, Any]:
     """Read one flat TOML file (``what`` is ``"model"`` or ``"host"``; ``name`` as the caller gave it), every
     failure a ConfigError naming it."""
-    doc = read_toml_file(path, what, str(path if name is None else name), _builtin(directory), f"{what}s")
+    doc = read_toml_file(path, what, str(path if name is None else name), lambda: _builtin(directory), f"{what}s")
     for key, value in doc.items():
         if isinstance(value, dict):
             raise ConfigError(f"{path}: [{key}] is a section; a {what} file has flat keys only.")
