@@ -445,6 +445,29 @@ def test_a_replica_on_other_channels_reports_its_own_channels():
     assert set(run.stage_channels[dma & (log.pe >= 2).to_numpy()]) == {1}
 
 
+def test_equally_named_tcm_buffers_of_other_shapes_or_places_keep_groups_apart():
+    # the keys of plain TCM handles are shared by name between the groups of a run; PEs whose buffers carry
+    # the same names but another shape, dtype or address are different groups, simulated each
+    def k(tl, x, y, *, pad):
+        if pad:
+            tl.alloc((16,), "fp32", name="pad")    # moves "buf" up
+        buf = tl.alloc(x.shape, x.dtype, name="buf")
+        tl.composite(op="math", math_op="fill", out=buf, value=1.0)
+        tl.store(buf, y)
+    sim = kbwork.Simulator(mode="timing", pes=5, hbm_channels=5)
+    shapes = [(64,), (128,), (64,), (64,), (64,)]
+    dtypes = ["fp32", "fp32", "fp32", "bf16", "fp32"]
+    pads = [False, False, False, False, True]
+    plan = {p: [Launch(k, sim.hbm(f"x{p}", shape=shapes[p], dtype=dtypes[p], channel=p),
+                       sim.hbm(f"y{p}", shape=shapes[p], dtype=dtypes[p], channel=p), pad=pads[p])]
+            for p in range(5)}
+    run = sim.run_device(plan)
+    assert run.reductions.replicated_from == {2: 0}
+    assert run.reductions.simulated == 4
+    plain = sim.run_device(plan, reductions=False)
+    assert run.to_csv() == plain.to_csv()
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_dropping_the_stale_ends_a_reflow_leaves_in_the_heap_changes_nothing(seed, monkeypatch):
     # the heap drops them all at once when they are most of it (device.loop._drop_stale); here at every chance,

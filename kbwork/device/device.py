@@ -260,10 +260,13 @@ def groups(programs: dict[int, Sequence[Program]], shared: dict[int, int],
     return [out[k] for k in sorted(out)]
 
 
-def tensor_index(tensors: Sequence[Handle]) -> tuple[list[Handle], list[int], set[str]]:
-    """The HBM tensors by address, their start addresses and their names (what :func:`group_key` looks up)."""
+def tensor_index(tensors: Sequence[Handle]) -> tuple[list[Handle], list[int], set[str], set[int], dict[str, tuple]]:
+    """What :func:`group_key` looks up, made once for every group of a run: the HBM tensors by address, their
+    start addresses, their names and the lengths of those, and a memo of the keys of plain TCM handles (filled
+    by the groups as they are keyed: see :func:`group_key`)."""
     by_addr = sorted(tensors, key=lambda h: h.addr)
-    return by_addr, [h.addr for h in by_addr], {h.name for h in by_addr}
+    names = {h.name for h in by_addr}
+    return by_addr, [h.addr for h in by_addr], names, {len(n) for n in names}, {}
 
 
 def _tcm_names(h: Any) -> tuple[list[str], list[tuple[str, str]]]:
@@ -308,7 +311,7 @@ def group_key(group: Sequence[int], programs: dict[int, Sequence[Program]], tens
     holds something the key cannot describe: the group is then simulated), the names a replica renames (the
     group's HBM tensors and the names made from them, in the order met) and its channels in the order met (what
     a replica's channels map through)."""
-    by_addr, starts, hbm_all = index if index is not None else tensor_index(tensors)
+    by_addr, starts, hbm_all, hbm_lengths, tcm_keys = index if index is not None else tensor_index(tensors)
     undescribable = []
     tensor_ids: dict[int, int] = {}
     tensor_names: list[str] = []  # every name a replica renames, in the order met: HBM tensors and names made from them
@@ -334,6 +337,16 @@ def group_key(group: Sequence[int], programs: dict[int, Sequence[Program]], tens
             return ("?",)
         if h.space is Space.TCM:
             name: Any = h.name
+            plain = h.__class__ is Handle
+            if plain:
+                # A plain TCM handle whose name no HBM tensor's name could rename has a key of its values
+                # alone, the same in every group: kept by name for the run's later groups (most of a PE's
+                # handles are such, and every PE of a device makes its own, equal ones). A hit is the same
+                # tuple object, which also makes comparing two groups' keys cheaper.
+                hit = tcm_keys.get(name)
+                if hit is not None and hit[1] == h.addr and hit[3] == h.dtype and hit[2] == h.shape \
+                        and hit[4] == h.pinned:
+                    return hit
             base_name = name.split("[", 1)[0]
             if _misread_by_name(h, hbm_all):
                 undescribable.append(h)
@@ -350,6 +363,8 @@ def group_key(group: Sequence[int], programs: dict[int, Sequence[Program]], tens
                     tensor_names.append(base_name)
                 name = ("from", tid, name[len(hbm_names[tid]):])
             base = (0, h.addr, h.shape, h.dtype, h.pinned, name)
+            if plain and not any(base_name[:k] in hbm_all for k in hbm_lengths if k < n):
+                tcm_keys[name] = base  # no proper prefix is any HBM tensor's name: no group renames it
         else:
             i = bisect.bisect_right(starts, h.addr) - 1
             if i < 0 or not (by_addr[i].addr <= h.addr < by_addr[i].end or h.nbytes == 0):

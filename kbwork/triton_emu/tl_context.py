@@ -1126,10 +1126,11 @@ def _check_math(o: OpSpec, w: str, target: Handle | None, info) -> None:
         if b.shape not in ((a.shape[0], 1), a.shape):
             raise ValidationError(f"{w}: b={b.name} {b.shape} must be a per-row column ({a.shape[0]}, 1).")
     shape = out.shape
+    col = (shape[0], 1) if len(shape) == 2 else None
     for h in o.operands.values():
-        if h.shape != shape:
+        if h.shape != shape and h.shape != col:
             break
-    else:  # the common case: nothing to broadcast
+    else:  # the common cases: nothing to broadcast, or a per-row column beside full rows
         return
     if _broadcast([h.shape for h in o.operands.values()] + [shape]) != shape:
         desc = ", ".join(f"{n}={h.name} {h.shape}" for n, h in o.operands.items())
