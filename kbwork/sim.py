@@ -20,13 +20,14 @@ from .errors import KbworkError, SimulationError, ValidationError
 from .memory import DTYPE_MAX, DTYPES, Handle, LoopHandle, Memory, Space, canonical_dtype, check_shape
 from .oplog import build_op_log, concat_op_logs, to_csv, to_perfetto
 from .device import CAUSES, Bindings, Timeline
-from .device.device import Reductions, simulate_device
+from .device.device import Follow, Reductions, simulate_device
 from .device.loop import LaunchMemory
 from .device.replay import FlowMismatch, counters_from, loads_from
 from .device.steady import SteadyState, check_steady_state, simulate_pe
 from .pe.scheduler import Program
 from .pe.stages import unit_names
 from .pe.tiling import StagingRing
+from .triton_emu.follow import Follower, Pairing, Recording, Tensors
 from .triton_emu.tl_context import TLContext
 
 MODES = ("data", "timing")
@@ -221,14 +222,16 @@ class Simulator:
         tcm = self.memory.new_tcm(label)
         return tcm, tcm.alloc("<staging buffers>", (StagingRing.bytes_for(self.topo) // 4,), "fp32")
 
-    def _trace(self, kernel, args, kwargs, label: str | None = None) -> tuple[TLContext, Any, Handle]:
+    def _trace(self, kernel, args, kwargs, label: str | None = None, *, record: Recording | None = None,
+               follow: Follower | None = None) -> tuple[TLContext, Any, Handle]:
         """Call the kernel once on a fresh TCM: its context (trace, names), the TCM and the staging buffers.
+        ``record``: the context records its calls there; ``follow``: it follows a recorded launch.
 
         Raises:
             ValidationError: the kernel cannot be called with these arguments (its signature refuses them).
         """
         tcm, staging = self._new_launch(label)
-        tl = TLContext(self.topo, self.memory)
+        tl = TLContext(self.topo, self.memory, record=record, follow=follow)
         try:
             kernel(tl, *args, **kwargs)
         except TypeError:
@@ -250,12 +253,14 @@ class Simulator:
         with gc_paused():
             t0 = perf_counter()
             data = self.mode == "data"
-            programs, memories, names, tcms = self._programs(plan)
+            # a launch follows an earlier one of its kind only where the run may replicate it (DESIGN.md §14)
+            follow = reductions and not data and len(plan) > 1
+            programs, memories, names, tcms, follows = self._programs(plan, follow)
             t1 = perf_counter()
             results, red = simulate_device(programs, self.topo, list(self._hbm.values()),
                                            memories if data else None, steady_state=steady_state and not data,
                                            why_full="data mode computes every number" if data else
-                                           "steady_state=False", reduce=reductions)
+                                           "steady_state=False", reduce=reductions, follows=follows)
             t2 = perf_counter()
             writes: tuple = ()
             snapshot: tuple = ()
@@ -281,25 +286,50 @@ class Simulator:
             run.timings = {"emit": t1 - t0, "simulate": t2 - t1}
             return run
 
-    def _programs(self, plan: dict[int, list["Launch"]]) -> tuple[dict, dict, dict, list]:
+    def _programs(self, plan: dict[int, list["Launch"]], follow: bool = False) -> tuple[dict, dict, dict, list, dict]:
         """Trace every launch of ``plan`` (each kernel called once, on a fresh TCM): PE -> its programs, PE -> each
-        launch's memory, the names the kernels gave, and the TCMs."""
+        launch's memory, the names the kernels gave, the TCMs, and the PEs that followed an earlier one.
+
+        With ``follow``, the first PE whose launches have a given kind (:func:`_launches_kind`: kernels and the
+        shapes of their arguments) records its calls, and every later PE of that kind follows them
+        (``triton_emu.follow``). A PE that followed to the end of its last launch is returned as a
+        :class:`~kbwork.device.device.Follow` of the recorded PE, with the tensors and channels it pairs."""
         data = self.mode == "data"
         programs: dict[int, list[Program]] = {}
         memories: dict[int, list[Any]] = {}
         names: dict[str, list[Handle]] = {}
         tcms: list[Any] = []
         several = len(plan) > 1 or any(len(v) > 1 for v in plan.values())
+        kinds: dict[Any, int] = {}  # a kind of launch list -> the PE that recorded it
+        recordings: dict[int, list[Recording]] = {}
+        follows: dict[int, Follow] = {}
+        tensors = Tensors(list(self._hbm.values())) if follow else None
         for pe, lst in plan.items():
             programs[pe], memories[pe] = [], []
+            kind = _launches_kind(lst) if follow else None
+            ref = kinds.get(kind) if kind is not None else None
+            if kind is not None and ref is None:
+                kinds[kind] = pe
+                recordings[pe] = [Recording() for _ in lst]
+            pairing = Pairing(tensors) if ref is not None else None
+            followed = ref is not None
             for i, launch in enumerate(lst):
                 label = f"PE {pe}, launch {i}" if several else None
+                record = recordings[pe][i] if ref is None and pe in recordings else None
+                follower = Follower(recordings[ref][i], pairing) if ref is not None else None
                 try:
-                    tl, tcm, staging = self._trace(launch.kernel, launch.args, launch.kwargs, label)
+                    tl, tcm, staging = self._trace(launch.kernel, launch.args, launch.kwargs, label, record=record,
+                                                   follow=follower)
                 except Exception as e:
+                    if follower is not None:
+                        follower.release()
                     if label is not None:
                         _name_the_launch(e, label)
                     raise
+                if record is not None:
+                    record.finish(tl)
+                if follower is not None:
+                    followed = follower.finish() and followed
                 trace = tl.trace()
                 if not trace.n_commands:
                     kname = getattr(launch.kernel, "__name__", launch.kernel)
@@ -310,7 +340,9 @@ class Simulator:
                 tcms.append(tcm)
                 for n, hs in tl.names.items():
                     names.setdefault(n, []).extend(hs)
-        return programs, memories, names, tcms
+            if followed:
+                follows[pe] = Follow(ref, dict(pairing.tensors), dict(pairing.channels))
+        return programs, memories, names, tcms, follows
 
     def _read_hbm(self, h: Handle, run: "Run") -> np.ndarray:
         """``h``'s bytes as ``run`` left them: what it wrote from its snapshot, the rest from HBM if no later run moved it."""
@@ -333,6 +365,30 @@ class Simulator:
                         f"in HBM after run {run._index + 1}, which did not write it. Read results before running "
                         f"again, or give each run its own Simulator.")
         return raw.view(DTYPES[h.dtype]).reshape(h.shape)
+
+
+def _launches_kind(launches: Sequence["Launch"]) -> Any:
+    """What a PE's launches are, for finding a PE they may follow (``triton_emu.follow``): each launch's kernel
+    and the kinds of its arguments (a handle's space, shape and dtype; a scalar's value; a list's items). A
+    guess only: following checks every call. None when it cannot be told (an argument that is not hashable)."""
+    try:
+        kind = tuple((launch.kernel, _kind_of(launch.args), _kind_of(launch.kwargs)) for launch in launches)
+        hash(kind)
+    except TypeError:
+        return None
+    return kind
+
+
+def _kind_of(x: Any, depth: int = 0) -> Any:
+    if isinstance(x, Handle):
+        return (x.__class__, x.space.value, x.shape, x.dtype)
+    if x is None or isinstance(x, (str, int, float, bool)):
+        return (x.__class__, x)
+    if depth < 3 and isinstance(x, (list, tuple)):
+        return (x.__class__, tuple(_kind_of(y, depth + 1) for y in x))
+    if depth < 3 and isinstance(x, dict):
+        return (dict, tuple((k, _kind_of(v, depth + 1)) for k, v in x.items()))
+    return x.__class__
 
 
 def _name_the_launch(e: BaseException, label: str) -> None:

@@ -9,7 +9,9 @@ only where sharing can slow a transfer (:func:`kbwork.device.flows.contended`). 
 2. splits the PEs into *groups*: PEs linked when their transfers touch a common contended channel
    (:func:`groups`); each group is simulated by itself, in one event loop;
 3. simulates a group whose launch lists and layouts, relative to their tensors, equal an earlier group's
-   once, and gives the later group the earlier one's records (:func:`group_key`);
+   once, and gives the later group the earlier one's records (:func:`group_key`); a PE alone in its group
+   that followed an earlier PE's calls to the end (:class:`Follow`, ``triton_emu.follow``) is known to
+   equal it without a key, and takes its records the same way, its commands never made;
 4. in timing mode, lets the steady state (:mod:`.steady`) insert whole periods of every loop, jointly
    for the PEs of a group.
 
@@ -18,6 +20,7 @@ Every reduction gives the plain simulation's results; :class:`Reductions` says w
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -52,6 +55,42 @@ class Reductions:
                              f"identical one")
         parts.append(f"contended channels: {', '.join(map(str, self.contended_channels)) or 'none'}")
         return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class Follow:
+    """A PE whose every launch followed, call by call, the launch at the same place of PE ``ref``
+    (``triton_emu.follow``): its programs are ``ref``'s with ``tensors`` (a recorded tensor's address ->
+    ``(recorded tensor, this PE's)``) and ``channels`` (a recorded channel -> this PE's) put in."""
+
+    ref: int
+    tensors: dict[int, tuple[Handle, Handle]]
+    channels: dict[int, int]
+
+    def __repr__(self) -> str:
+        return f"Follow(PE {self.ref}, {len(self.tensors)} tensors, channels {self.channels})"
+
+    def uses(self, uses: "Uses", tensors: Sequence[Handle]) -> "Uses | None":
+        """``uses`` (the followed PE's) with this PE's tensors and channels; None if something does not map."""
+        by_addr = sorted((t for t, _ in self.tensors.values()), key=lambda h: h.addr)
+        starts = [t.addr for t in by_addr]
+
+        def moved(fams: list[Family]) -> list[Family] | None:
+            out = []
+            for f in fams:
+                lo, hi = f.hull
+                i = bisect.bisect_right(starts, lo) - 1
+                if i < 0 or hi > by_addr[i].end:
+                    return None
+                t = by_addr[i]
+                delta = self.tensors[t.addr][1].addr - t.addr
+                out.append(Family(f.addr + delta, f.stride, f.size, f.count))
+            return out
+        chans = {self.channels.get(c) for c in uses.channels}
+        reads, writes = moved(uses.reads), moved(uses.writes)
+        if None in chans or reads is None or writes is None:
+            return None
+        return Uses(chans, reads, writes)
 
 
 # --- footprints over a whole program ---------------------------------------------------------------------------
@@ -573,7 +612,8 @@ class Replica:
 # --- simulating a device -----------------------------------------------------------------------------------------
 def simulate_device(programs: dict[int, list[Program]], topo, tensors: Sequence[Handle],
                     memories: dict[int, list[Any]] | None = None, *, steady_state: bool = True,
-                    why_full: str = "steady_state=False", reduce: bool = True) -> tuple[dict[int, tuple], Reductions]:
+                    why_full: str = "steady_state=False", reduce: bool = True,
+                    follows: dict[int, Follow] | None = None) -> tuple[dict[int, tuple], Reductions]:
     """Simulate every PE's launches (DESIGN.md §14): isolation checked first, then each group of PEs linked by a
     contended channel in one event loop, a group equal to an earlier one replicated from it.
 
@@ -585,6 +625,8 @@ def simulate_device(programs: dict[int, list[Program]], topo, tensors: Sequence[
         steady_state: timing mode: insert the remaining periods of loops once proven (DESIGN.md §12).
         reduce: False: no groups and no replication; every PE in one event loop, a flow on every channel of
             finite bandwidth (contended or not). The plain simulation every reduction must reproduce.
+        follows: PEs whose launches followed another PE's (:class:`Follow`): what they touch is read from the
+            followed PE's, and alone in their group they take its records without their commands being made.
 
     Returns:
         PE -> ``(timeline, schedule, steady state)``, and the :class:`Reductions` used.
@@ -594,7 +636,15 @@ def simulate_device(programs: dict[int, list[Program]], topo, tensors: Sequence[
     """
     from .steady import simulate_group, simulate_pe
 
-    uses = {pe: uses_of(programs[pe]) for pe in programs}
+    follows = dict(follows or {}) if reduce and memories is None else {}
+    uses: dict[int, Uses] = {}
+    for pe in sorted(programs, key=lambda p: p in follows):  # the followed PEs first
+        fo = follows.get(pe)
+        mapped = fo.uses(uses[fo.ref], tensors) if fo is not None and fo.ref in uses else None
+        if mapped is None:
+            follows.pop(pe, None)
+            mapped = uses_of(programs[pe])
+        uses[pe] = mapped
     if len(programs) > 1:  # isolation is between PEs: one PE's launches may share its bytes
         check_isolation(programs, tensors, uses)
     shared = contended_channels(programs, topo, uses)
@@ -605,11 +655,17 @@ def simulate_device(programs: dict[int, list[Program]], topo, tensors: Sequence[
         grouped = [sorted(programs)]
     red = Reductions(pes=len(programs), groups=len(grouped), simulated=0, contended_channels=tuple(shared))
     out: dict[int, tuple] = {}
-    seen: dict[tuple, tuple[list[int], tuple[str, ...]]] = {}
+    seen: dict[tuple, tuple[list[int], tuple[str, ...], tuple[int, ...]]] = {}
     # replication needs a second group to replicate to; data mode computes every PE's numbers
     keyed = memories is None and reduce and len(grouped) > 1
     index = tensor_index(tensors) if keyed else None
-    for group in grouped:
+    # a PE alone with its records: (the PE whose records they are, its names -> this PE's, its channels -> this PE's)
+    alone: dict[int, tuple[int, dict[str, str], dict[int, int]]] = {}
+
+    def lone(group: list[int]) -> bool:
+        return len(group) == 1 and not (uses[group[0]].channels & shared.keys())
+
+    def simulate(group: list[int]) -> None:
         key, names, chans = group_key(group, programs, tensors, shared, index) if keyed else (None, (), ())
         hit = seen.get(key) if key is not None else None  # one lookup: hashing a key walks all of it
         if hit is not None:  # an identical group: its records are the earlier one's
@@ -619,13 +675,17 @@ def simulate_device(programs: dict[int, list[Program]], topo, tensors: Sequence[
                 tl, sched, state = out[src]
                 out[pe] = (tl, Replica(sched, rename, _commands(programs[pe]), chan_map), state)
                 red.replicated_from[pe] = src
-            continue
+            if lone(group):
+                alone[group[0]] = (src_group[0], rename, chan_map)
+            return
         red.simulated += 1
         mine = {c: k for c, k in shared.items() if any(c in uses[pe].channels for pe in group)}
         if len(group) == 1 and not mine:  # alone on its channels: every transfer's duration is known when it starts
             pe = group[0]
             out[pe] = simulate_pe(programs[pe], None if memories is None else memories[pe],
                                   steady_state=steady_state, why_full=why_full)
+            if key is not None:
+                alone[pe] = (pe, {n: n for n in names}, {c: c for c in chans})
         else:
             results = simulate_group([programs[pe] for pe in group],
                                      None if memories is None else [memories[pe] for pe in group],
@@ -633,4 +693,40 @@ def simulate_device(programs: dict[int, list[Program]], topo, tensors: Sequence[
             out.update(zip(group, results))
         if key is not None:
             seen[key] = (group, names, chans)
+
+    later = []
+    for group in grouped:
+        if keyed and lone(group) and group[0] in follows:
+            later.append(group[0])  # once the PE it followed has its records
+        else:
+            simulate(group)
+    for pe in later:
+        fo = follows[pe]
+        took = alone.get(fo.ref) if fo.ref in out else None
+        copied = _follow_names(took, fo) if took is not None else None
+        if copied is None:  # the followed PE is not alone, or not describable: this one is simulated (or keyed)
+            simulate([pe])
+            continue
+        src, rename, chan_map = copied
+        tl, sched, state = out[src]
+        out[pe] = (tl, Replica(sched, rename, _commands(programs[pe]), chan_map), state)
+        red.replicated_from[pe] = src
     return out, red
+
+
+def _follow_names(took: tuple[int, dict[str, str], dict[int, int]], fo: Follow
+                  ) -> tuple[int, dict[str, str], dict[int, int]] | None:
+    """What a PE that followed ``fo.ref`` takes: ``fo.ref``'s source PE, with the source's tensor names and channels
+    mapped on to this PE's (through ``fo.ref``'s own, ``took``). None when a name of this PE would not survive a
+    replica's renaming (a ``|`` or ``[`` in a tensor's name) or a channel does not map."""
+    src, rename, chan_map = took
+    names = {}
+    for r, f in fo.tensors.values():
+        if "|" in f.name or "[" in f.name:
+            return None
+        names[r.name] = f.name
+    channels = fo.channels
+    if any(c not in channels for c in chan_map.values()):
+        return None
+    return (src, {n: names.get(m, m) for n, m in rename.items()},
+            {c: channels[m] for c, m in chan_map.items()})

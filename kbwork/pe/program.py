@@ -21,8 +21,8 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any, Iterator
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
 
 from ..memory import LoopHandle
 from ..symbolic import Index, LoopVar
@@ -84,15 +84,6 @@ class Loop:
     waits: tuple[tuple[int, int, bool], ...]
     period: int
     var: LoopVar
-    _has_loop: tuple[bool, ...] = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        def uses_loop(cmd: Command) -> bool:
-            if isinstance(cmd, DmaCmd):
-                return isinstance(cmd.src, LoopHandle) or isinstance(cmd.dst, LoopHandle)
-            return any(_op_has_loop(op) for op in cmd.ops) or any(
-                isinstance(h, LoopHandle) for h in cmd.rw_handles + cmd.scratch)
-        object.__setattr__(self, "_has_loop", tuple(uses_loop(c) for c in self.body))
 
     @property
     def cmds_per_iter(self) -> int:
@@ -225,6 +216,37 @@ class Trace:
                         out += [(base + k, t) for t in sorted(self._waits.get(base + k, ())
                                                               + self._loop_waits(seg, i, k))]
         return out
+
+
+class LazyTrace(Trace):
+    """A :class:`Trace` whose segments are made when first read.
+
+    ``build`` returns ``(segments, waits)``, the arguments of :class:`Trace`.
+    Until something reads the commands or the loops, only ``n_commands`` is
+    known. A launch that followed an identical one (``triton_emu.follow``) is
+    traced this way: its composites are lowered only if something asks for
+    them, which a device run whose replication copies that launch's records
+    never does.
+    """
+
+    def __init__(self, build: Callable[[], tuple[Sequence[Segment], Sequence[tuple[int, int]]]], n_commands: int):
+        self.n_commands = n_commands
+        self._build = build
+
+    def __getattr__(self, name: str) -> Any:
+        # only called for what is not set yet: every attribute Trace.__init__ sets
+        build = self.__dict__.get("_build")
+        if build is None or name.startswith("__"):
+            raise AttributeError(name)
+        segments, waits = build()
+        Trace.__init__(self, segments, waits)
+        self._build = None
+        return getattr(self, name)
+
+    def __repr__(self) -> str:
+        if self.__dict__.get("_build") is not None:
+            return f"Trace({self.n_commands} commands, not lowered yet)"
+        return super().__repr__()
 
 
 class CommandList(Sequence):

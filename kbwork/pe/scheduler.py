@@ -202,11 +202,15 @@ class Program:
         self.templates = templates
         self.scale = dict(scale or {})
         self.n_commands = trace.n_commands
-        self.loops = trace.loops
         self._body: dict[tuple[int, int], _BodyCommand] = {}
         self._commands: dict[tuple, CommandTemplate] = {}  # (plan signature, logical bytes) -> template
         self._dispatch: dict[int, int] = {}    # logical bytes -> dispatch cycles
         self._plan_cycles: dict[int, int] = {}  # ops -> plan cycles
+
+    @property
+    def loops(self) -> tuple:
+        """The trace's loops (read from the trace when asked: a replicated launch's trace is never made)."""
+        return self.trace.loops
 
     # made when the program is first lowered: a device's replicated launches never are
     @functools.cached_property

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,9 +31,13 @@ from ..errors import TraceError, ValidationError
 from ..memory import DTYPE_MAX, DTYPES, Arena, CommandName, Handle, LoopHandle, Memory, Ring, Space
 from ..pe.commands import Command, Completion, CompositeCmd, DmaCmd, OpSpec, Scope
 from ..pe.ops import OPS
-from ..pe.program import Loop, Plain, Trace, loop_period
+from ..pe.program import LazyTrace, Loop, Plain, Trace, loop_period
 from ..symbolic import FIX, Index, LoopVar
+from .follow import lowered_segments
 from .tl_recipes import RECIPE_DESCRIPTORS, RecipeDescriptor
+
+if TYPE_CHECKING:
+    from .follow import Follower, Recording
 
 _SCOPES = {"kernel": Scope.KERNEL, "k_tile": Scope.K_TILE, "output_tile": Scope.OUTPUT_TILE}
 #: The most commands one launch may hold once its tl.range loops are instantiated. The steady state can time
@@ -113,7 +117,8 @@ class TLContext:
 
     Index = Index
 
-    def __init__(self, topo: Topology, memory: Memory):
+    def __init__(self, topo: Topology, memory: Memory, *, record: "Recording | None" = None,
+                 follow: "Follower | None" = None):
         self.topo = topo
         self.mem = memory
         self.hbm: Arena = memory.hbm
@@ -134,6 +139,13 @@ class TLContext:
         self._recipe_scratch: dict[tuple, dict[str, Handle]] = {}
         #: marks the completions this run hands out
         self._token = object()
+        #: a device run's first launch of a kind records its calls; a later launch of that kind follows them,
+        #: putting off the lowering of every call that equals the recorded one (see :mod:`.follow`)
+        self._record = record
+        self._follow = None
+        self._n_deferred = 0  # commands emitted whose lowering was put off
+        if follow is not None:
+            follow.start(self)
 
     def __repr__(self) -> str:
         it = self._iter.text if isinstance(self._iter, Index) else self._iter
@@ -149,14 +161,21 @@ class TLContext:
         self._check_open()
         if self._loop is not None:
             raise TraceError("the kernel ended inside a tl.range body; a body must run to its end.")
-        segments = self._segments + ([Plain(self._plain_first, tuple(self._plain))] if self._plain else [])
-        return Trace(segments, self.waits)
+        return self._trace_of(self._segments + ([Plain(self._plain_first, tuple(self._plain))] if self._plain else []))
 
     @property
     def commands(self):
         """Every command emitted so far, in program order (a lazy sequence)."""
         return self.trace().commands if self._loop is None else \
-            Trace(self._segments + [Plain(self._plain_first, tuple(self._plain))], self.waits).commands
+            self._trace_of(self._segments + [Plain(self._plain_first, tuple(self._plain))]).commands
+
+    def _trace_of(self, segments: list[Plain | Loop]) -> Trace:
+        """The trace of ``segments``: a :class:`LazyTrace` when some of their commands are yet to be lowered."""
+        waits = list(self.waits)
+        if not self._n_deferred:
+            return Trace(segments, waits)
+        # Trace reads no command to count them: its count serves the lazy trace, which lowers them when read
+        return LazyTrace(lambda: (lowered_segments(segments), waits), Trace(segments, waits).n_commands)
 
     def _check_open(self) -> None:
         if self._broken is not None:
@@ -368,13 +387,21 @@ class TLContext:
             ValidationError: ``src`` is not a HBM handle of this simulator.
             TcmOverflowError: the TCM cannot hold it.
         """
+        args = (src, name, label)
+        follow = self._follow
+        followed = follow is not None and follow.call("load", args)
         if not _is_handle(src) or src.space != Space.HBM:
             raise ValidationError(f"tl.load expects a HBM handle, got {src!r}; a TCM handle is already loaded.")
         self._own(src, "tl.load")
+        ctx = self._ctx() if self._record is not None else None
         dst = self.alloc(src.shape, src.dtype, name=f"{src.name}_tcm" if name is None else name)
         if name is None and isinstance(src, LoopHandle):  # named after a source that differs per iteration
             dst = LoopHandle.named(dst, src, "_tcm")
         self._emit(self._dma(src, dst, label, "dma_load "))
+        if followed:
+            follow.made(dst)
+        elif ctx is not None:
+            self._record.add("load", args, ctx, dst)
         return dst
 
     def _dma(self, src: Handle, dst: Handle, label: str | None, verb: str) -> DmaCmd:
@@ -388,6 +415,10 @@ class TLContext:
             ValidationError: wrong spaces, handles not of this run, or shapes/dtypes that differ
                 (a DMA does not convert).
         """
+        args = (src, dst, label)
+        follow = self._follow
+        if follow is not None:
+            follow.call("store", args)
         if not _is_handle(src) or src.space != Space.TCM:
             raise ValidationError(f"tl.store: source must be a TCM handle, got {src!r}.")
         if not _is_handle(dst) or dst.space != Space.HBM:
@@ -398,6 +429,8 @@ class TLContext:
             raise ValidationError(f"tl.store {src.name} -> {dst.name}: shapes/dtypes differ "
                                   f"({src.shape} {src.dtype} vs {dst.shape} {dst.dtype}); a DMA copies bytes, "
                                   f"so allocate the destination with the same shape and dtype.")
+        if self._record is not None:
+            self._record.add("store", args, self._ctx(), None)
         return self._emit(self._dma(src, dst, label, "dma_store "))
 
     def wait(self, completion: Completion) -> None:
@@ -462,7 +495,43 @@ class TLContext:
                 not a real number, or a handle is not valid in this run.
         """
         self._check_open()
-        where = f"command #{self._ncmd}" + (" (in a tl.range body)" if self._loop is not None else "")
+        args = (op, a, b, c, out, trans_b, math_op, value, factor, prologue, epilogue, ops, rw_handles, label)
+        follow = self._follow
+        if follow is not None:
+            done = follow.composite(args)
+            if done is not None:
+                return done
+        where = self._where()
+        cmd, recipe = self._lower_composite(args, where, self._iter)
+        rec = self._record
+        if rec is not None:
+            rec.add("composite", args, self._ctx(), recipe)
+        return self._emit(cmd)
+
+    def _where(self) -> str:
+        """How errors name the command about to be emitted."""
+        return f"command #{self._ncmd}" + (" (in a tl.range body)" if self._loop is not None else "")
+
+    def _ctx(self) -> tuple:
+        """What lowering a call reads of the context besides its arguments (``triton_emu.follow``): the command's
+        id, the loop whose body is being traced, the ``iter`` label and how many scratch scopes are open."""
+        lp = self._loop
+        return (self._ncmd, None if lp is None else lp.var, self._iter, len(self._scopes))
+
+    def _lower_composite(self, args: tuple, where: str, iter_: int | Index,
+                         given: tuple[Completion, dict[str, Handle] | None] | None = None
+                         ) -> tuple[CompositeCmd, tuple | None]:
+        """Lower one ``tl.composite`` call (``args`` in the order of its parameters) to its command.
+
+        ``given`` is ``None`` when the call is being made: the handles' ownership is checked, the recipe's
+        scratch found or allocated, the completion made. A call that :mod:`.follow` put off passes what was
+        done when it was made instead, ``(completion, recipe scratch or None)``: lowering is then a function of
+        the call's arguments alone, whenever it runs.
+
+        Returns:
+            The command, and where its recipe is (``((part, index), descriptor, scratch)``, or ``None``).
+        """
+        op, a, b, c, out, trans_b, math_op, value, factor, prologue, epilogue, ops, rw_handles, label = args
         label = self._label(label, None)
         prologue = () if prologue is None else prologue
         epilogue = () if epilogue is None else epilogue
@@ -472,28 +541,30 @@ class TLContext:
                 _check_list(seq, f"tl.composite: {what}=")
         if trans_b is None:
             trans_b = False
+        scratch_of = None if given is None else given[1]
         if ops is not None:
-            given = [k for k, v in dict(op=op, a=a, b=b, c=c, out=out, math_op=math_op, value=value,
-                                         factor=factor).items() if v is not None]
-            if given or prologue or epilogue or trans_b:
+            given_args = [k for k, v in dict(op=op, a=a, b=b, c=c, out=out, math_op=math_op, value=value,
+                                              factor=factor).items() if v is not None]
+            if given_args or prologue or epilogue or trans_b:
                 raise ValidationError(f"tl.composite: the flat form ops=[...] takes no "
-                                      f"{', '.join(given) or 'prologue/epilogue/trans_b'}; put everything into the "
-                                      f"OpSpecs.")
-            flat, rw, scratch, primary, notes = self._lower_flat(ops, rw_handles, where)
+                                      f"{', '.join(given_args) or 'prologue/epilogue/trans_b'}; put everything into "
+                                      f"the OpSpecs.")
+            flat, rw, scratch, primary, notes, recipe = self._lower_flat(ops, rw_handles, where, scratch_of)
         else:
-            flat, rw, scratch, primary, notes = self._lower_legacy(op, a, b, c, out, trans_b, math_op, value,
-                                                                   factor, prologue, epilogue, rw_handles, where)
+            flat, rw, scratch, primary, notes, recipe = self._lower_legacy(
+                op, a, b, c, out, trans_b, math_op, value, factor, prologue, epilogue, rw_handles, where, scratch_of)
         for h in rw:
             if not _is_handle(h):
                 raise ValidationError(f"{where}: rw_handles holds {h!r}, which is not a tensor handle.")
-            if not self._owns(h):
+            if given is None and not self._owns(h):
                 self._own(h, f"{where} rw_handles")
         made = _made_by_recipe(notes)
-        self._check_ops(flat, where, made)
+        if given is None:
+            self._check_ops(flat, where, made)
         _validate_ops(flat, where, notes, made)
-        return self._emit(CompositeCmd(self._next(primary), flat, rw, True, scratch,
-                                       label if label is not None else "+".join(o.kind for o in flat),
-                                       self._iter))
+        completion = self._next(primary) if given is None else given[0]
+        return CompositeCmd(completion, flat, rw, True, scratch,
+                            label if label is not None else "+".join(o.kind for o in flat), iter_), recipe
 
     # --- internals ----------------------------------------------------------------------
     def _owns(self, h: Handle) -> bool:
@@ -552,7 +623,8 @@ class TLContext:
         self._ncmd += 1
         return cmd.completion
 
-    def _lower_flat(self, ops: Sequence[OpSpec], rw_handles: Sequence[Handle], where: str):
+    def _lower_flat(self, ops: Sequence[OpSpec], rw_handles: Sequence[Handle], where: str,
+                    scratch_of: dict[str, Handle] | None = None):
         _check_list(ops, "tl.composite(ops=...): ops")
         flat: list[OpSpec] = []
         rw: list[Handle] = []
@@ -560,6 +632,7 @@ class TLContext:
         primary: Handle | None = None
         binds: str | None = None  # the head-GEMM port the recipe's primary output binds to
         notes: list[tuple[int, int, str, str]] = []
+        recipe: tuple | None = None
         for i, o in enumerate(ops):
             if not isinstance(o, OpSpec):
                 raise ValidationError(f"tl.composite(ops=...): item {i} is {type(o).__name__}, not an OpSpec.")
@@ -570,7 +643,9 @@ class TLContext:
                 if o.out is not None:
                     raise ValidationError(f"{where} op {i}: recipe {o.kind!r} writes its own scratch; give it no out=.")
                 entry = {"scope": o.scope, **o.operands, **o.extra}
-                specs, r_rw, scratch, primary = self._expand_recipe(rd, entry, f"{where} op {i}")
+                specs, r_rw, scratch_set, primary = self._expand_recipe(rd, entry, f"{where} op {i}", scratch_of)
+                scratch = tuple(scratch_set.values())
+                recipe = (("ops", i), rd, scratch_set)
                 notes.append(_recipe_notes(rd, f"ops[{i}]", len(flat)))
                 flat += specs
                 rw += r_rw
@@ -581,9 +656,10 @@ class TLContext:
                 o = OpSpec(o.kind, o.scope, {binds: primary, **o.operands}, o.extra, o.out)
             flat.append(o)
         rw += [h for h in rw_handles if h not in rw]
-        return tuple(flat), tuple(rw), scratch, primary, notes
+        return tuple(flat), tuple(rw), scratch, primary, notes, recipe
 
-    def _lower_legacy(self, op, a, b, c, out, trans_b, math_op, value, factor, prologue, epilogue, rw, where):
+    def _lower_legacy(self, op, a, b, c, out, trans_b, math_op, value, factor, prologue, epilogue, rw, where,
+                      scratch_of=None):
         if op not in ("gemm", "math"):
             raise ValidationError(f"tl.composite: op={op!r}; use op='gemm' or op='math', or the flat form ops=[...].")
         pre: list[OpSpec] = []
@@ -592,13 +668,17 @@ class TLContext:
         primary: Handle | None = None
         binds: str | None = None
         notes: list[tuple[int, int, str, str]] = []
+        recipe: tuple | None = None
         for i, entry in enumerate(prologue):
             kind = _entry_kind(entry, f"prologue[{i}]")
             rd = RECIPE_DESCRIPTORS.get(kind)
             if rd is not None:
                 if scratch:
                     raise ValidationError(f"prologue[{i}]: only one recipe per composite is supported.")
-                specs, recipe_rw, scratch, primary = self._expand_recipe(rd, entry, f"{where} prologue[{i}]")
+                specs, recipe_rw, scratch_set, primary = self._expand_recipe(rd, entry, f"{where} prologue[{i}]",
+                                                                             scratch_of)
+                scratch = tuple(scratch_set.values())
+                recipe = (("prologue", i), rd, scratch_set)
                 notes.append(_recipe_notes(rd, f"prologue[{i}]", len(pre)))
                 pre += specs
                 binds = rd.primary_out.binds if rd.primary_out is not None else None
@@ -645,10 +725,14 @@ class TLContext:
         post = [_entry_op(e, f"epilogue[{i}]", default_scope) for i, e in enumerate(epilogue)]
         flat = tuple(pre) + ((head,) if head is not None else ()) + tuple(post)
         rw_all = tuple(recipe_rw) + tuple(h for h in rw if h not in recipe_rw)
-        return flat, rw_all, scratch, primary, notes
+        return flat, rw_all, scratch, primary, notes, recipe
 
-    def _expand_recipe(self, rd: RecipeDescriptor, entry: Mapping[str, Any], where: str):
-        """Expand one recipe entry: ``(ops, rw handles, scratch handles, primary output or None)``."""
+    def _expand_recipe(self, rd: RecipeDescriptor, entry: Mapping[str, Any], where: str,
+                       scratch_of: dict[str, Handle] | None = None):
+        """Expand one recipe entry: ``(ops, rw handles, scratch set by name, primary output or None)``.
+
+        ``scratch_of``: the scratch this call found or allocated when it was made (a call :mod:`.follow` put
+        off); its operands' ownership was checked then, and is not again."""
         where = f"{where}: recipe {rd.name!r}"
         if entry.get("scope", "kernel") not in ("kernel", Scope.KERNEL):
             raise ValidationError(f"{where}: a recipe runs once before the tile loop; drop scope=.")
@@ -670,7 +754,7 @@ class TLContext:
             h = given[n]
             if not _is_handle(h):
                 raise ValidationError(f"{where}: operand {n!r} must be a tensor handle, got {h!r}.")
-            if not self._owns(h):
+            if scratch_of is None and not self._owns(h):
                 self._own(h, f"{where} operand {n!r}")
             if h.space != Space.TCM:
                 raise ValidationError(f"{where}: operand {n}={h.name} is in HBM (a {role} operand); recipe operands must "
@@ -688,7 +772,7 @@ class TLContext:
                 raise ValidationError(f"{where}: param {p!r} has no default; pass it, e.g. {{..., {p!r}: 1e-6}}.")
             check_scalar(where, p, v)
             params[p] = v
-        scratch = self._recipe_scratch_for(rd, operands, where)
+        scratch = self._recipe_scratch_for(rd, operands, where) if scratch_of is None else scratch_of
         env: dict[str, Handle] = {**operands, **scratch}
         specs = []
         for kind, ports, srcs, dst, scalars in rd.steps:
@@ -697,7 +781,7 @@ class TLContext:
                                       env[dst]))
         rw = [operands[n] for n in rd.rw_operands]
         primary = scratch[rd.primary_out.name] if rd.primary_out is not None else None
-        return specs, rw, tuple(scratch.values()), primary
+        return specs, rw, scratch, primary
 
     def _recipe_scratch_for(self, rd: RecipeDescriptor, operands: Mapping[str, Handle],
                             where: str) -> dict[str, Handle]:

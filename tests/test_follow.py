@@ -1,0 +1,247 @@
+"""Following a launch (``triton_emu.follow``): in a device run, a later launch of a kind is checked call by call
+against the first one, and a composite equal to the recorded one is lowered only when its command is read.
+
+What must hold: the kernel is still called once per launch; every result (op_log, commands, errors and where
+they are raised) is what lowering every call as it is made gives; a launch that differs anywhere — a name it
+reads, state it keeps, a scalar, a tensor it aliases, a buffer it adds — stops following there and is lowered
+as it goes; and a PE whose launches followed to the end takes the followed PE's records without its commands
+being made."""
+
+from __future__ import annotations
+
+import gc
+import math
+
+import pandas as pd
+import pytest
+
+import kbwork
+from kbwork import analysis
+from kbwork import Launch, ValidationError
+from kbwork.kernels.gqa_decode import gqa_decode
+from kbwork.pe.program import LazyTrace
+
+from device_cases import random_device_case, random_replicated_case  # tests/ is on sys.path
+
+
+def decode_device(pes: int, kv: int = 1024, **overrides):
+    sim = kbwork.Simulator("ahbm-device-v1", mode="timing", **overrides)
+    plan = {}
+    for p in range(pes):
+        ch = sim.topo.home_channel(p)
+        q = sim.hbm(f"q{p}", shape=(4, 64), dtype="bf16", channel=ch)
+        K = sim.hbm(f"K{p}", shape=(kv, 64), dtype="bf16", channel=ch)
+        V = sim.hbm(f"V{p}", shape=(kv, 64), dtype="bf16", channel=ch)
+        O = sim.hbm(f"O{p}", shape=(4, 64), dtype="fp32", channel=ch)
+        plan[p] = [Launch(gqa_decode, q, K, V, O, variant="opt2", tile=128)]
+    return sim, plan
+
+
+def fill_store(sim, pes, kernel, **kw):
+    """One launch of ``kernel(tl, x, y, **kw)`` per PE over its own (64,) fp32 tensors."""
+    return {p: [Launch(kernel, sim.hbm(f"x{p}", shape=(64,), dtype="fp32", channel=p),
+                       sim.hbm(f"y{p}", shape=(64,), dtype="fp32", channel=p), **kw)] for p in range(pes)}
+
+
+def unlowered(run, p: int) -> bool:
+    """Whether PE ``p``'s launches were never lowered (their traces not made)."""
+    return all(isinstance(prog.trace, LazyTrace) and prog.trace.__dict__.get("_build") is not None
+               for prog in run.pe(p)._source)
+
+
+def same_as_plain(sim, plan, run=None, before=lambda: None):
+    """``run`` (or a fresh reduced run) against the plain simulation: CSV, frames PE by PE, every command.
+    ``before`` is called before each run (a kernel with state of its own starts afresh)."""
+    before()
+    run = sim.run_device(plan) if run is None else run
+    before()
+    plain = sim.run_device(plan, reductions=False, steady_state=False)
+    assert run.to_csv() == plain.to_csv()
+    for p in plain.pes:
+        pd.testing.assert_frame_equal(run.pe(p).op_log, plain.pe(p).op_log)
+        assert list(run.pe(p).commands) == list(plain.pe(p).commands)
+    return run
+
+
+def test_identical_launches_follow_the_first_and_are_never_lowered():
+    sim, plan = decode_device(6)
+    run = sim.run_device(plan)
+    assert run.reductions.replicated_from == {p: 0 for p in range(1, 6)}
+    assert not unlowered(run, 0) and all(unlowered(run, p) for p in range(1, 6))
+    assert "not lowered yet" in repr(run.pe(3)._source[0].trace)
+    same_as_plain(sim, plan, run)  # reading the commands lowers them, as they would have been
+    assert not unlowered(run, 3)
+
+
+def test_the_kernel_is_called_once_per_launch():
+    calls = []
+
+    def k(tl, x, y):
+        calls.append(x.name)
+        buf = tl.full(x.shape, 1.0, "fp32", name="buf")
+        tl.store(buf, y)
+    sim = kbwork.Simulator(mode="timing", pes=4, hbm_channels=4)
+    plan = fill_store(sim, 4, k)
+    for p in (1, 2):
+        plan[p].append(Launch(k, sim.hbm(f"u{p}", shape=(64,), dtype="fp32", channel=p),
+                              sim.hbm(f"w{p}", shape=(64,), dtype="fp32", channel=p)))
+    run = sim.run_device(plan)
+    assert calls == ["x0", "x1", "u1", "x2", "u2", "x3"]
+    assert run.reductions.replicated_from == {2: 1, 3: 0}  # PEs of one kind follow the first of that kind
+    same_as_plain(sim, plan, run)
+
+
+def test_a_kernel_that_reads_a_name_stops_following_where_its_calls_differ():
+    def k(tl, x, y):
+        buf = tl.full(x.shape, 1.0, "fp32", name="buf")
+        if x.name == "x2":  # PE 2 does one more thing
+            tl.composite(op="math", math_op="copy", a=buf, out=buf)
+        tl.store(buf, y)
+    sim = kbwork.Simulator(mode="timing", pes=4, hbm_channels=4)
+    plan = fill_store(sim, 4, k)
+    run = same_as_plain(sim, plan)
+    assert run.reductions.replicated_from == {1: 0, 3: 0}
+    assert len(run.pe(2).commands) == 3 and len(run.pe(1).commands) == 2
+
+
+def test_a_kernel_with_state_of_its_own_follows_only_while_its_calls_agree():
+    seen = []
+
+    def k(tl, x, y):
+        seen.append(x)
+        # the third call fills with 2.0, the fourth with -0.0, the fifth with an int: none is the recorded 0.0
+        value = {3: 2.0, 4: -0.0, 5: 0}.get(len(seen), 0.0)
+        buf = tl.full(x.shape, value, "fp32", name="buf")
+        tl.store(buf, y)
+    sim = kbwork.Simulator(mode="timing", pes=6, hbm_channels=6)
+    plan = fill_store(sim, 6, k)
+    run = same_as_plain(sim, plan, before=seen.clear)
+    # a fill's value changes numbers, never times: every PE takes PE 0's records, but only 1 and 5 followed it
+    assert run.reductions.replicated_from == {p: 0 for p in range(1, 6)}
+    seen.clear()
+    run = sim.run_device(plan)
+    assert [unlowered(run, p) for p in range(6)] == [False, True, False, False, False, True]
+    fills = [run.pe(p).commands[0].ops[0].extra["value"] for p in range(6)]
+    assert fills[2] == 2.0 and math.copysign(1, fills[3]) == -1 and type(fills[4]) is int
+
+
+@pytest.mark.parametrize("how", ["aliased tensors", "another buffer", "another label", "another tile"])
+def test_a_launch_unlike_the_first_is_not_taken_for_it(how):
+    def k(tl, a, b, y, *, tile=32, label="copy", pad=False):
+        if pad:
+            tl.alloc((16,), "fp32", name="pad")  # moves every buffer after it
+        t = tl.load(a[0:tile], name="t")
+        u = tl.load(b[0:tile], name="u")
+        tl.composite(op="math", math_op="max_elem", a=t, b=u, out=t, label=label)
+        tl.store(t, y[0:tile])
+    sim = kbwork.Simulator(mode="timing", pes=3, hbm_channels=3)
+    plan = {}
+    for p in range(3):
+        a, b, y = (sim.hbm(f"{n}{p}", shape=(64, 8), dtype="fp32", channel=p) for n in "aby")
+        kw = {}
+        if p == 2:
+            kw = {"aliased tensors": {}, "another buffer": {"pad": True}, "another label": {"label": "max"},
+                  "another tile": {"tile": 16}}[how]
+            if how == "aliased tensors":
+                b = a  # PE 2 reads one tensor twice, where the others read two
+        plan[p] = [Launch(k, a, b, y, **kw)]
+    run = same_as_plain(sim, plan)
+    assert run.reductions.replicated_from == {1: 0}
+
+
+def test_an_error_in_a_following_launch_is_the_error_lowering_every_call_gives():
+    def k(tl, x, y, *, v=1.0):
+        buf = tl.alloc(x.shape, "fp32", name="buf")
+        tl.composite(op="math", math_op="copy", a=buf, out=buf)
+        tl.composite(op="math", math_op="fill", out=buf, value=v)  # the NaN of PE 2 is refused here
+        tl.store(buf, y)
+
+    def plan_for(sim):
+        plan = fill_store(sim, 3, k)
+        plan[2] = [Launch(k, *plan[2][0].args, v=math.nan)]
+        return plan
+    messages = []
+    for reductions in (True, False):
+        sim = kbwork.Simulator(mode="timing", pes=3, hbm_channels=3)
+        with pytest.raises(ValidationError) as e:
+            sim.run_device(plan_for(sim), reductions=reductions)
+        messages.append(str(e.value))
+        assert e.traceback[-1].name == "check_scalar"
+    assert messages[0] == messages[1] and messages[0].startswith("PE 2, launch 0: command #1 op 0 (fill)")
+
+
+def test_a_handle_of_another_run_is_refused_in_a_following_launch_as_in_any():
+    kept = {}
+
+    def k(tl, x, y):
+        buf = tl.full(x.shape, 1.0, "fp32", name="buf")
+        kept.setdefault(x.name, buf)
+        src = kept["x0"] if x.name == "x2" and "once" in kept else buf  # PE 2 of the second run: run 1's buffer
+        tl.store(src, y)
+    sim = kbwork.Simulator(mode="timing", pes=3, hbm_channels=3)
+    plan = fill_store(sim, 3, k)
+    sim.run_device(plan)
+    kept.clear()
+    sim.run_device(plan)
+    kept["once"] = True
+    kept.pop("x2", None)
+    with pytest.raises(ValidationError, match="PE 2, launch 0: tl.store source: .*TCM is fresh for every run"):
+        sim.run_device(plan)
+
+
+def test_a_following_kernel_reads_its_own_commands_as_they_are():
+    def k(tl, x, y):
+        buf = tl.full(x.shape, 1.0, "fp32", name="buf")
+        tl.composite(op="math", math_op="copy", a=buf, out=buf, label=tl.commands[-1].label + " again")
+        tl.store(buf, y)
+    sim = kbwork.Simulator(mode="timing", pes=3, hbm_channels=3)
+    run = same_as_plain(sim, fill_store(sim, 3, k))
+    assert run.pe(2).commands[1].label == "fill buf again"
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_runs_give_every_command_lowering_every_call_gives(seed):
+    case = random_replicated_case(seed) if seed % 2 else random_device_case(seed)
+    same_as_plain(case.sim, case.plan)
+
+
+def test_what_if_on_a_run_with_followers_is_what_if_on_the_plain_run():
+    sim, plan = decode_device(4)
+    run = sim.run_device(plan)
+    plain = sim.run_device(plan, reductions=False)
+    a = analysis.what_if(run, engine="PE_DMA", speedup=2)
+    b = analysis.what_if(plain, engine="PE_DMA", speedup=2)
+    pd.testing.assert_frame_equal(a, b)
+
+
+def test_nothing_follows_in_data_mode_or_without_reductions():
+    for mode, reductions in (("data", True), ("timing", False)):
+        sim = kbwork.Simulator("ahbm-device-v1", mode=mode)
+        plan = {p: [Launch(gqa_decode, sim.hbm(f"q{p}", shape=(4, 64), dtype="bf16", channel=p),
+                           *(sim.hbm(f"{n}{p}", shape=(256, 64), dtype="bf16", channel=p) for n in "KV"),
+                           sim.hbm(f"O{p}", shape=(4, 64), dtype="fp32", channel=p), variant="opt2", tile=128)]
+                for p in range(2)}
+        run = sim.run_device(plan, reductions=reductions)
+        assert not any(isinstance(prog.trace, LazyTrace) for p in run.pes for prog in run.pe(p)._source)
+
+
+def test_a_failed_following_launch_leaves_nothing_for_the_cyclic_collector():
+    def k(tl, x, y):
+        buf = tl.full(x.shape, 1.0, "fp32", name="buf")
+        if x.name == "x2":
+            raise RuntimeError("the kernel's own error")
+        tl.store(buf, y)
+    gc.collect()
+    was = gc.get_debug()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        sim = kbwork.Simulator(mode="timing", pes=3, hbm_channels=3)
+        with pytest.raises(RuntimeError, match="the kernel's own error") as e:
+            sim.run_device(fill_store(sim, 3, k))
+        assert "PE 2, launch 0" in "".join(e.value.__notes__)
+        del sim, e
+        gc.collect()
+        assert sorted({type(o).__name__ for o in gc.garbage}) == []
+    finally:
+        gc.set_debug(was)
+        gc.garbage.clear()
