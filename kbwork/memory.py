@@ -172,17 +172,32 @@ class Handle:
     span: tuple[bool, int, int] = field(init=False, repr=False, compare=False)
     _hash: int = field(init=False, repr=False, compare=False)
 
+    def __init__(self, name: str, space: Space, addr: int, shape: tuple[int, ...], dtype: str, pinned: bool,
+                 origin: Origin | None = None, channel: int = 0) -> None:
+        # written out (the dataclass keeps it): a trace makes a handle for every buffer and slice, and setting
+        # the slots through their descriptors is cheaper than the generated __init__'s object.__setattr__
+        _S_NAME(self, name)
+        _S_SPACE(self, space)
+        _S_ADDR(self, addr)
+        _S_SHAPE(self, shape)
+        _S_DTYPE(self, dtype)
+        _S_PINNED(self, pinned)
+        _S_ORIGIN(self, origin)
+        _S_CHANNEL(self, channel)
+        self.__post_init__()
+
     def __post_init__(self) -> None:
-        size = math.prod(self.shape)
+        shape, addr = self.shape, self.addr
+        size = shape[0] * shape[1] if len(shape) == 2 else math.prod(shape)
         nbytes = size * _ITEMSIZE[self.dtype]
-        object.__setattr__(self, "size", size)
-        object.__setattr__(self, "nbytes", nbytes)
-        object.__setattr__(self, "end", self.addr + nbytes)
-        object.__setattr__(self, "span", (self.space is Space.TCM, self.addr, self.addr + nbytes))
+        end = addr + nbytes
+        _S_SIZE(self, size)
+        _S_NBYTES(self, nbytes)
+        _S_END(self, end)
+        _S_SPAN(self, (self.space is Space.TCM, addr, end))
         # hashed once: handles key dicts in hot loops, and the generated hash would rehash every
         # field (and the Space enum, a Python-level call) on each lookup
-        object.__setattr__(self, "_hash", hash((self.name, str.__str__(self.space), self.addr, self.shape,
-                                                self.dtype, self.pinned)))
+        _S_HASH(self, hash((self.name, str.__str__(self.space), addr, shape, self.dtype, self.pinned)))
 
     def __hash__(self) -> int:
         return self._hash
@@ -224,6 +239,12 @@ class Handle:
         shape = "x".join(map(str, self.shape))
         pin = ", pinned" if self.pinned else ""
         return f"Handle({self.name!r}, {self.space.value}@{self.addr:#x}, {shape} {self.dtype}{pin})"
+
+
+# The slots' own setters (a frozen dataclass refuses plain assignment): what Handle.__init__ sets fields with.
+(_S_NAME, _S_SPACE, _S_ADDR, _S_SHAPE, _S_DTYPE, _S_PINNED, _S_ORIGIN, _S_CHANNEL, _S_SIZE, _S_NBYTES, _S_END, _S_SPAN,
+ _S_HASH) = (Handle.__dict__[f].__set__ for f in ("name", "space", "addr", "shape", "dtype", "pinned", "origin",
+                                                   "channel", "size", "nbytes", "end", "span", "_hash"))
 
 
 def _is_int(x: object) -> bool:
@@ -295,6 +316,21 @@ class LoopHandle(Handle):
     prefix: "LoopHandle | CommandName | None" = None
     suffix: str = ""
 
+    def __init__(self, name: str, space: Space, addr: int, shape: tuple[int, ...], dtype: str, pinned: bool,
+                 origin: Origin | None = None, channel: int = 0, var: LoopVar | None = None, kind: str = "rows",
+                 root: Handle | None = None, slots: tuple = (), slot: "Index | None" = None, chain: tuple = (),
+                 prefix: "LoopHandle | CommandName | None" = None, suffix: str = "") -> None:
+        # written out, as Handle.__init__ is (a body makes one for every slice and ring slot it names)
+        Handle.__init__(self, name, space, addr, shape, dtype, pinned, origin, channel)
+        _L_VAR(self, var)
+        _L_KIND(self, kind)
+        _L_ROOT(self, root)
+        _L_SLOTS(self, slots)
+        _L_SLOT(self, slot)
+        _L_CHAIN(self, chain)
+        _L_PREFIX(self, prefix)
+        _L_SUFFIX(self, suffix)
+
     # --- construction ----------------------------------------------------------------------
     @staticmethod
     def rows(parent: Handle, start: object, stop: object) -> "LoopHandle":
@@ -304,43 +340,54 @@ class LoopHandle(Handle):
             TraceError: bounds of two loops, or an extent that changes with the index.
             ValidationError: a slice outside ``parent`` at the loop's first or last iteration.
         """
-        rows = parent.shape[0]
+        shape = parent.shape
+        rows = shape[0]
         start = 0 if start is None else start
         stop = rows if stop is None else stop
-        for b in (start, stop):
-            if not isinstance(b, Index) and not _is_int(b):
+        # (a slice is made for every tile a body names: the common case, both bounds indices of the handle's
+        # loop or ints, is checked without generators)
+        s_idx, t_idx = start.__class__ is Index, stop.__class__ is Index
+        for b, is_idx in ((start, s_idx), (stop, t_idx)):
+            if not is_idx and not isinstance(b, Index) and not _is_int(b):
                 raise ValidationError(f"handle {parent.name!r}: row slice bounds must be ints or tl.range indices, "
                                       f"got {b!r}.")
-        var = parent.var if isinstance(parent, LoopHandle) else next(b.var for b in (start, stop)
-                                                                       if isinstance(b, Index))
-        if any(isinstance(b, Index) and b.var is not var for b in (start, stop)):
+        s_idx, t_idx = s_idx or isinstance(start, Index), t_idx or isinstance(stop, Index)
+        looped = isinstance(parent, LoopHandle)
+        var = parent.var if looped else (start.var if s_idx else stop.var)
+        if (s_idx and start.var is not var) or (t_idx and stop.var is not var):
             raise TraceError(f"{parent.name}[{_affine_text(start)}:{_affine_text(stop)}]: the index belongs to "
                              f"another tl.range loop than the handle ({FIX}).")
         if var.closed:
             raise TraceError(f"{parent.name}[{_affine_text(start)}:{_affine_text(stop)}]: the tl.range loop of "
                              f"this index has ended; use the index inside its body only.")
         extent = stop - start
-        text = f"{parent.name}[{_affine_text(start)}:{_affine_text(stop)}]"
+        text = f"{parent.name}[{start.text if s_idx else start}:{stop.text if t_idx else stop}]"
         if isinstance(extent, Index):
             raise TraceError(f"{text}: the extent {extent.text} changes with the index; a slice in a tl.range body "
                              f"must have a constant extent (e.g. K[j*T:(j+1)*T]).")
         if extent <= 0:
             raise ValidationError(f"handle {parent.name!r}: row slice {text} is empty (extent {extent}).")
-        if var.iterations:
-            for i, which in ((0, "first"), (var.iterations - 1, "last")):
-                lo, hi = _at(start, i), _at(stop, i)
+        lo0 = start.b if s_idx else start  # iteration 0's rows
+        hi0 = stop.b if t_idx else stop
+        n = var.iterations
+        if n:
+            last = n - 1
+            for i, lo, hi in ((0, lo0, hi0), (last, start.a * last + start.b if s_idx else start,
+                                              stop.a * last + stop.b if t_idx else stop)):
                 if not 0 <= lo < hi <= rows:
+                    which = "first" if i == 0 else "last"
                     raise ValidationError(
                         f"handle {parent.name!r}: row slice {text} at the {which} iteration (j = {var.j_at(i)}) is "
                         f"rows {lo}:{hi}, outside {parent.name}'s {rows} rows. Fix the bounds or the loop's range.")
-        if isinstance(parent, LoopHandle):
-            base = dict(kind=parent.kind, root=parent.root, slots=parent.slots, slot=parent.slot,
-                        chain=parent.chain + ((start, stop),), prefix=parent.prefix, suffix=parent.suffix)
-        else:
-            base = dict(kind="rows", root=parent, chain=((start, stop),))
-        rep = _row_slice(parent, _at(start, 0), _at(stop, 0))
-        return LoopHandle(text, rep.space, rep.addr, rep.shape, rep.dtype, rep.pinned, parent.origin,
-                          parent.channel, var=var, **base)
+        # iteration 0's slice (as _row_slice makes it), its fields given straight to the loop handle
+        addr = parent.addr + int(lo0) * (parent.nbytes // rows)
+        sub = (int(hi0 - lo0),) + shape[1:]
+        if looped:
+            return LoopHandle(text, parent.space, addr, sub, parent.dtype, parent.pinned, parent.origin,
+                              parent.channel, var, parent.kind, parent.root, parent.slots, parent.slot,
+                              parent.chain + ((start, stop),), parent.prefix, parent.suffix)
+        return LoopHandle(text, parent.space, addr, sub, parent.dtype, parent.pinned, parent.origin, parent.channel,
+                          var, "rows", parent, (), None, ((start, stop),), None, "")
 
     @staticmethod
     def named(root: Handle, prefix: "LoopHandle | CommandName", suffix: str) -> "LoopHandle":
@@ -440,6 +487,10 @@ class LoopHandle(Handle):
     def __reduce__(self):
         raise ValidationError(f"loop handle {self.name!r} lives in its tl.range body only; it cannot be pickled "
                               f"or kept.")
+
+
+(_L_VAR, _L_KIND, _L_ROOT, _L_SLOTS, _L_SLOT, _L_CHAIN, _L_PREFIX, _L_SUFFIX) = (
+    LoopHandle.__dict__[f].__set__ for f in ("var", "kind", "root", "slots", "slot", "chain", "prefix", "suffix"))
 
 
 class CommandName:
@@ -576,10 +627,12 @@ class Arena:
             ValidationError: a bad name, shape or dtype, or a tensor too large to lay out.
             TcmOverflowError: the TCM cannot hold it; the message lists what holds the space.
         """
-        if not isinstance(name, str) or not name:
-            raise ValidationError(f"tensor names must be non-empty strings, got {name!r}.")
+        if name.__class__ is not str or not name:
+            if not isinstance(name, str) or not name:
+                raise ValidationError(f"tensor names must be non-empty strings, got {name!r}.")
         shape = check_shape(name, shape)
-        dtype = canonical_dtype(dtype)
+        if dtype.__class__ is not str or dtype not in _CANONICAL:
+            dtype = canonical_dtype(dtype)
         nbytes = math.prod(shape) * _ITEMSIZE[dtype]
         addr = -(-self.top // self.ALIGN) * self.ALIGN
         if nbytes > MAX_BYTES or (self.capacity is None and addr + nbytes > MAX_BYTES):
@@ -700,8 +753,14 @@ def check_shape(name: str, shape: object) -> tuple[int, ...]:
     Raises:
         ValidationError: floats, bools, other types, zero or negative extents, or more than 2 dims.
     """
-    if shape.__class__ is tuple and 1 <= len(shape) <= 2 and all(s.__class__ is int and s > 0 for s in shape):
-        return shape  # the common case, already right
+    if shape.__class__ is tuple:  # the common case, already right (no generator: every buffer is checked)
+        n = len(shape)
+        if n == 2:
+            a, b = shape
+            if a.__class__ is int and b.__class__ is int and a > 0 and b > 0:
+                return shape
+        elif n == 1 and shape[0].__class__ is int and shape[0] > 0:
+            return shape
     if _is_int(shape):
         shape = (shape,)
     if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):

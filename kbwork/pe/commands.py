@@ -56,10 +56,20 @@ class Completion:
     #: for a command of a ``tl.range`` body: its loop variable (``cmd`` is then iteration 0's id)
     loop: object = field(default=None, compare=False, repr=False)
 
+    def __init__(self, cmd: int, primary_out: Handle | None = None, origin: object = None, loop: object = None):
+        # written out (the dataclass keeps it): every command makes one; the slots' setters are cheaper than the
+        # generated __init__'s object.__setattr__
+        _C_CMD(self, cmd)
+        _C_PRIMARY(self, primary_out)
+        _C_ORIGIN(self, origin)
+        _C_LOOP(self, loop)
+
     def __repr__(self) -> str:
         po = f", primary_out={self.primary_out.name}" if self.primary_out is not None else ""
         return f"Completion(cmd={self.cmd}{po})"
 
+
+_C_CMD, _C_PRIMARY, _C_ORIGIN, _C_LOOP = (Completion.__dict__[f].__set__ for f in ("cmd", "primary_out", "origin", "loop"))
 
 #: every op without operands or scalars shares this one (most MATH ops ship no scalar)
 _EMPTY: Mapping[str, Any] = MappingProxyType({})

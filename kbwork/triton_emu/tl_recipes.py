@@ -29,6 +29,7 @@ import math
 import numbers
 import re
 from dataclasses import dataclass, field
+import functools
 from functools import cached_property
 from typing import Any, Literal, Mapping
 
@@ -57,19 +58,32 @@ class ScratchSpec:
             shape = tuple(operands[self.shape].shape)
         else:
             dims = []
-            for d in self.shape:
-                if isinstance(d, int):
+            for d in self._dims:
+                if d.__class__ is int:
                     dims.append(d)
                     continue
-                name, i = _DIM.match(d).groups()
+                name, i = d
                 src = operands[name].shape
-                if int(i) >= len(src):
+                if i >= len(src):
                     raise ValidationError(f"recipe scratch {self.name!r} takes dimension {i} of operand {name!r}, "
                                           f"which has shape {src}.")
-                dims.append(src[int(i)])
+                dims.append(src[i])
             shape = tuple(dims)
         dtype = self.dtype if self.dtype in dtypes else operands[self.dtype].dtype
         return shape, dtype
+
+    @functools.cached_property
+    def _dims(self) -> tuple:
+        """The shape rule's dimensions read once: an int, or ``(operand, index)`` for ``"x[i]"`` (a recipe is
+        expanded for every composite that names it)."""
+        out = []
+        for d in self.shape:
+            if isinstance(d, int):
+                out.append(d)
+            else:
+                name, i = _DIM.match(d).groups()
+                out.append((name, int(i)))
+        return tuple(out)
 
     def refers_to(self) -> set[str]:
         """The operand names the rule reads."""
