@@ -381,7 +381,7 @@ def _launches_kind(launches: Sequence["Launch"]) -> Any:
 
 def _kind_of(x: Any, depth: int = 0) -> Any:
     if isinstance(x, Handle):
-        return (x.__class__, x.space.value, x.shape, x.dtype)
+        return (x.__class__, x.span[0], x.shape, x.dtype)  # (span[0]: in TCM; an enum hashes in Python)
     if x is None or isinstance(x, (str, int, float, bool)):
         return (x.__class__, x)
     if depth < 3 and isinstance(x, (list, tuple)):

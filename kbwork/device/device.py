@@ -21,6 +21,7 @@ Every reduction gives the plain simulation's results; :class:`Reductions` says w
 from __future__ import annotations
 
 import bisect
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -70,27 +71,47 @@ class Follow:
     def __repr__(self) -> str:
         return f"Follow(PE {self.ref}, {len(self.tensors)} tensors, channels {self.channels})"
 
-    def uses(self, uses: "Uses", tensors: Sequence[Handle]) -> "Uses | None":
-        """``uses`` (the followed PE's) with this PE's tensors and channels; None if something does not map."""
-        by_addr = sorted((t for t, _ in self.tensors.values()), key=lambda h: h.addr)
-        starts = [t.addr for t in by_addr]
-
-        def moved(fams: list[Family]) -> list[Family] | None:
+    def uses(self, placed: "Placed") -> "Uses | None":
+        """The followed PE's uses (``placed``: each family with the tensor it lies in) with this PE's tensors and
+        channels; None if something does not map (a tensor or channel this PE did not pair)."""
+        moved = []
+        for fams in (placed.reads, placed.writes):
             out = []
-            for f in fams:
-                lo, hi = f.hull
-                i = bisect.bisect_right(starts, lo) - 1
-                if i < 0 or hi > by_addr[i].end:
+            for f, t in fams:
+                pair = self.tensors.get(t.addr)
+                if pair is None:
                     return None
-                t = by_addr[i]
-                delta = self.tensors[t.addr][1].addr - t.addr
-                out.append(Family(f.addr + delta, f.stride, f.size, f.count))
-            return out
-        chans = {self.channels.get(c) for c in uses.channels}
-        reads, writes = moved(uses.reads), moved(uses.writes)
-        if None in chans or reads is None or writes is None:
+                out.append(Family(f.addr + pair[1].addr - t.addr, f.stride, f.size, f.count))
+            moved.append(out)
+        chans = {self.channels.get(c) for c in placed.channels}
+        if None in chans:
             return None
-        return Uses(chans, reads, writes)
+        return Uses(chans, moved[0], moved[1])
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A PE's uses with each family's tensor (what :meth:`Follow.uses` moves to a following PE's tensors); a
+    family that lies in no single tensor makes it None (:func:`placed`)."""
+
+    channels: set[int]
+    reads: list[tuple["Family", Handle]]
+    writes: list[tuple["Family", Handle]]
+
+
+def placed(uses: "Uses", by_addr: Sequence[Handle], starts: Sequence[int]) -> Placed | None:
+    """``uses`` with each family's tensor (``by_addr``: the tensors by address, ``starts`` their addresses)."""
+    out = []
+    for fams in (uses.reads, uses.writes):
+        found = []
+        for f in fams:
+            lo, hi = f.hull
+            i = bisect.bisect_right(starts, lo) - 1
+            if i < 0 or hi > by_addr[i].end:
+                return None
+            found.append((f, by_addr[i]))
+        out.append(found)
+    return Placed(uses.channels, out[0], out[1])
 
 
 # --- footprints over a whole program ---------------------------------------------------------------------------
@@ -103,7 +124,7 @@ class Family:
     size: int
     count: int
 
-    @property
+    @functools.cached_property
     def hull(self) -> tuple[int, int]:
         last = self.addr + self.stride * (self.count - 1)
         return min(self.addr, last), max(self.addr, last) + self.size
@@ -638,9 +659,15 @@ def simulate_device(programs: dict[int, list[Program]], topo, tensors: Sequence[
 
     follows = dict(follows or {}) if reduce and memories is None else {}
     uses: dict[int, Uses] = {}
+    where: dict[int, Placed | None] = {}  # a followed PE's uses, placed in its tensors (once for all who follow it)
+    index = tensor_index(tensors) if follows else None
     for pe in sorted(programs, key=lambda p: p in follows):  # the followed PEs first
         fo = follows.get(pe)
-        mapped = fo.uses(uses[fo.ref], tensors) if fo is not None and fo.ref in uses else None
+        mapped = None
+        if fo is not None and fo.ref in uses:
+            if fo.ref not in where:
+                where[fo.ref] = placed(uses[fo.ref], index[0], index[1])
+            mapped = fo.uses(where[fo.ref]) if where[fo.ref] is not None else None
         if mapped is None:
             follows.pop(pe, None)
             mapped = uses_of(programs[pe])
@@ -658,7 +685,7 @@ def simulate_device(programs: dict[int, list[Program]], topo, tensors: Sequence[
     seen: dict[tuple, tuple[list[int], tuple[str, ...], tuple[int, ...]]] = {}
     # replication needs a second group to replicate to; data mode computes every PE's numbers
     keyed = memories is None and reduce and len(grouped) > 1
-    index = tensor_index(tensors) if keyed else None
+    index = (index or tensor_index(tensors)) if keyed else None
     # a PE alone with its records: (the PE whose records they are, its names -> this PE's, its channels -> this PE's)
     alone: dict[int, tuple[int, dict[str, str], dict[int, int]]] = {}
 

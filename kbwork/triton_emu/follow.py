@@ -45,6 +45,9 @@ from ..symbolic import Index, LoopVar
 
 #: what compares by value: immutable, and equal only to its own kind (``1 == 1.0`` is not asked: classes differ)
 _ATOMS = frozenset({str, int, bool, type(None)})
+_TCM = Space.TCM
+#: the empty tuple (one object): what a composite's prologue, epilogue and rw_handles default to
+_NONE = ()
 
 
 class Recording:
@@ -82,7 +85,7 @@ class Tensors:
         if i < 0:
             return None
         t = self.by_addr[i]
-        return t if t.addr <= h.addr and h.end <= t.end and h.nbytes else None
+        return t if h.end <= t.end and h.nbytes else None  # (t.addr <= h.addr: bisect found it so)
 
 
 class Pairing:
@@ -161,12 +164,34 @@ class Follower:
     def _next(self, kind: str, args: tuple) -> tuple | None:
         """The recorded call this one takes the place of, if it equals it (kind, context and arguments)."""
         calls = self.rec.calls
-        if self.pos >= len(calls):
+        pos = self.pos
+        if pos >= len(calls):
             return None
-        rec = calls[self.pos]
-        if rec[0] != kind or not self._ctx(rec[2]) or not self.value(args, rec[1]):
+        rec = calls[pos]
+        if rec[0] != kind:
             return None
-        self.pos += 1
+        # the context (what TLContext._ctx records), then the arguments: the hot path of a following launch
+        tl = self.tl
+        ncmd, var, it, scopes = rec[2]
+        lp = tl._loop
+        if tl._ncmd != ncmd or len(tl._scopes) != scopes or (lp is None) != (var is None):
+            return None
+        if lp is not None and not self.var(lp.var, var):
+            return None
+        mine = tl._iter
+        if not (mine == it if mine.__class__ is int and it.__class__ is int else self.affine(mine, it)):
+            return None
+        pairs = self._pairs
+        for x, y in zip(args, rec[1]):
+            xc = x.__class__
+            if x is y and (xc in _ATOMS or x is _NONE):  # most: the same None, bool, literal string, small int, ()
+                continue
+            if xc is Handle or xc is LoopHandle:
+                if y.__class__ is not xc or (pairs.get(id(x)) is not y and not self.handle(x, y)):
+                    return None
+            elif not self.value(x, y):
+                return None
+        self.pos = pos + 1
         return rec
 
     def call(self, kind: str, args: tuple) -> bool:
@@ -208,7 +233,10 @@ class Follower:
             scratch = tl._recipe_scratch_for(rd, operands, f"{at}: recipe {rd.name!r}")
             primary = scratch[rd.primary_out.name] if rd.primary_out is not None else None
             if len(scratch) != len(recorded) or not all(
-                    self.handle(x, y) for x, y in zip(scratch.values(), recorded.values())):
+                    # a plain TCM buffer (found or allocated here, so this launch's) equal in every field, a loop
+                    # handle (scratch named per iteration) by its structure
+                    x == y if x.__class__ is Handle and y.__class__ is Handle else self.handle(x, y)
+                    for x, y in zip(scratch.values(), recorded.values())):
                 # not the recorded scratch: lowered now, with the scratch it has, and following stops
                 self.stop()
                 cmd, _ = tl._lower_composite(args, where, tl._iter, (tl._next(primary), scratch))
@@ -225,10 +253,6 @@ class Follower:
         return ok
 
     # --- equality, relative to the paired tensors --------------------------------------------------------
-    def _ctx(self, r: tuple) -> bool:
-        ncmd, var, it, scopes = self.tl._ctx()
-        return ncmd == r[0] and scopes == r[3] and self.var(var, r[1]) and self.affine(it, r[2])
-
     def var(self, f: LoopVar | None, r: LoopVar | None) -> bool:
         if f is None or r is None:
             return f is r
@@ -260,20 +284,9 @@ class Follower:
         if fc is Handle or fc is LoopHandle:
             return self._pairs.get(id(f)) is r or self.handle(f, r)
         if fc is tuple or fc is list:
-            if len(f) != len(r):
-                return False
-            for x, y in zip(f, r):
-                # most arguments are the same None, bool, small int or literal string in both launches
-                if not (x is y and x.__class__ in _ATOMS) and not self.value(x, y):
-                    return False
-            return True
+            return len(f) == len(r) and self._items(zip(f, r))
         if fc is dict:
-            if len(f) != len(r):
-                return False
-            for (k, x), (kr, y) in zip(f.items(), r.items()):
-                if k != kr or not (x is y and x.__class__ in _ATOMS) and not self.value(x, y):
-                    return False
-            return True
+            return len(f) == len(r) and list(f) == list(r) and self._items(zip(f.values(), r.values()))
         if fc is float:
             return f == r and math.copysign(1.0, f) == math.copysign(1.0, r)  # NaN: unequal
         if fc is Scope:
@@ -287,6 +300,20 @@ class Follower:
             return bool(f == r) and (not issubclass(fc, np.floating)
                                      or math.copysign(1.0, float(f)) == math.copysign(1.0, float(r)))
         return False
+
+    def _items(self, pairs: Any) -> bool:
+        """Whether every ``(mine, recorded)`` of ``pairs`` is equal (:meth:`value`, its common cases inline)."""
+        known = self._pairs
+        for x, y in pairs:
+            xc = x.__class__
+            if x is y and (xc in _ATOMS or x is _NONE):
+                continue
+            if xc is Handle or xc is LoopHandle:
+                if y.__class__ is not xc or (known.get(id(x)) is not y and not self.handle(x, y)):
+                    return False
+            elif not self.value(x, y):
+                return False
+        return True
 
     def handle(self, f: Handle, r: Handle) -> bool:
         """Whether this launch's handle ``f`` equals the recorded ``r`` (and this launch owns it)."""
@@ -302,10 +329,14 @@ class Follower:
         fc = f.__class__
         if fc is not r.__class__ or (fc is not Handle and fc is not LoopHandle):
             return False
-        if f.space is not r.space or f.shape != r.shape or f.dtype != r.dtype or f.pinned != r.pinned \
-                or not self.tl._owns(f):
+        space = f.space
+        if space is not r.space or f.shape != r.shape or f.dtype != r.dtype or f.pinned != r.pinned:
             return False
-        if f.space is Space.TCM:
+        tl = self.tl
+        o = f.origin  # owned by this launch (TLContext._owns)
+        if o is None or not o.alive or o._arena() is not (tl.tcm if space is _TCM else tl.hbm):
+            return False
+        if space is _TCM:
             if f.addr != r.addr or f.name != r.name or f.channel != r.channel:
                 return False
         else:
@@ -313,8 +344,8 @@ class Follower:
             ft, rt = p.index.of(f), p.index.of(r)
             if ft is None or rt is None or f.addr - ft.addr != r.addr - rt.addr:
                 return False
-            fn, rn = f.name, r.name
-            if not (fn.startswith(ft.name) and rn.startswith(rt.name) and fn[len(ft.name):] == rn[len(rt.name):]):
+            fn, rn, ftn, rtn = f.name, r.name, ft.name, rt.name
+            if not (fn.startswith(ftn) and rn.startswith(rtn) and fn[len(ftn):] == rn[len(rtn):]):
                 return False
             if not (p.tensor(ft, rt) and p.channel(f.channel, r.channel)):
                 return False
@@ -323,15 +354,22 @@ class Follower:
     def _loop_handle(self, f: LoopHandle, r: LoopHandle) -> bool:
         if f.kind != r.kind or f.suffix != r.suffix or not self.var(f.var, r.var):
             return False
-        if (f.slot is None) != (r.slot is None) or (f.slot is not None and not self.affine(f.slot, r.slot)):
+        fs, rs = f.slot, r.slot
+        if (fs is None) != (rs is None) or (fs is not None and not self.affine(fs, rs)):
             return False
-        if len(f.chain) != len(r.chain) or not all(self.affine(a, b) and self.affine(c, d)
-                                                   for (a, c), (b, d) in zip(f.chain, r.chain)):
+        if len(f.chain) != len(r.chain):
             return False
-        if (f.root is None) != (r.root is None) or (f.root is not None and not self.handle(f.root, r.root)):
+        for (a, c), (b, d) in zip(f.chain, r.chain):
+            if not (self.affine(a, b) and self.affine(c, d)):
+                return False
+        fr, rr = f.root, r.root
+        if (fr is None) != (rr is None) or (fr is not None and not self.handle(fr, rr)):
             return False
-        if len(f.slots) != len(r.slots) or not all(self.handle(x, y) for x, y in zip(f.slots, r.slots)):
+        if len(f.slots) != len(r.slots):
             return False
+        for x, y in zip(f.slots, r.slots):
+            if not self.handle(x, y):
+                return False
         fp, rp = f.prefix, r.prefix
         if fp is None or rp is None:
             return fp is rp

@@ -45,6 +45,7 @@ _SCOPES = {"kernel": Scope.KERNEL, "k_tile": Scope.K_TILE, "output_tile": Scope.
 #: built under (decode's largest run, 2**18 tiles of opt3, is about 2.6 M commands).
 MAX_COMMANDS = 1 << 26
 _FP32_MAX = float(np.finfo(np.float32).max)
+_DTYPE_NAMES = frozenset(DTYPES)
 
 
 def _scope(value: Any, where: str) -> Scope:
@@ -161,21 +162,26 @@ class TLContext:
         self._check_open()
         if self._loop is not None:
             raise TraceError("the kernel ended inside a tl.range body; a body must run to its end.")
-        return self._trace_of(self._segments + ([Plain(self._plain_first, tuple(self._plain))] if self._plain else []))
+        return self._trace_of(self._segments + ([Plain(self._plain_first, tuple(self._plain))] if self._plain else []),
+                              self._ncmd)
 
     @property
     def commands(self):
         """Every command emitted so far, in program order (a lazy sequence)."""
-        return self.trace().commands if self._loop is None else \
-            self._trace_of(self._segments + [Plain(self._plain_first, tuple(self._plain))]).commands
+        if self._loop is None:
+            return self.trace().commands
+        # inside a body: the commands before it (the body's own are not instantiated yet)
+        return self._trace_of(self._segments + [Plain(self._plain_first, tuple(self._plain))]).commands
 
-    def _trace_of(self, segments: list[Plain | Loop]) -> Trace:
-        """The trace of ``segments``: a :class:`LazyTrace` when some of their commands are yet to be lowered."""
+    def _trace_of(self, segments: list[Plain | Loop], n_commands: int | None = None) -> Trace:
+        """The trace of ``segments`` (``n_commands`` in all, if known): a :class:`LazyTrace` when some of their
+        commands are yet to be lowered."""
         waits = list(self.waits)
         if not self._n_deferred:
             return Trace(segments, waits)
-        # Trace reads no command to count them: its count serves the lazy trace, which lowers them when read
-        return LazyTrace(lambda: (lowered_segments(segments), waits), Trace(segments, waits).n_commands)
+        if n_commands is None:  # Trace reads no command to count them
+            n_commands = Trace(segments, waits).n_commands
+        return LazyTrace(lambda: (lowered_segments(segments), waits), n_commands)
 
     def _check_open(self) -> None:
         if self._broken is not None:
@@ -316,8 +322,7 @@ class TLContext:
             raise TraceError(f"TCM allocation {name!r} inside a tl.range body: the body is traced once, so it would "
                              f"allocate once for every iteration. Allocate it before the loop (a tl.ring for a "
                              f"buffer per iteration), or inside a tl.scratch_scope() opened in the body.")
-        if isinstance(shape, Index) or (isinstance(shape, (tuple, list)) and any(isinstance(d, Index)
-                                                                                 for d in shape)):
+        if isinstance(shape, Index) or (isinstance(shape, (tuple, list)) and Index in map(type, shape)):
             raise TraceError(f"TCM allocation {name!r}: a shape that depends on the loop index; shapes are "
                              f"constant ({FIX}).")
         h = self.tcm.alloc(name, shape, dtype)
@@ -613,7 +618,8 @@ class TLContext:
         return label
 
     def _emit(self, cmd: Command) -> Completion:
-        self._check_open()
+        if self._broken is not None:
+            raise TraceError(self._broken)
         lp = self._loop
         if lp is None:
             self._plain.append(cmd)
@@ -815,7 +821,7 @@ class TLContext:
                              f"expansion).")
         # named after this command's instance in each iteration of the body being traced
         per_iter = CommandName(lp.var, f"{rd.name}s", self._ncmd) if lp is not None else None
-        dtypes = frozenset(DTYPES)
+        dtypes = _DTYPE_NAMES
         scratch: dict[str, Handle] = {}
         for s in rd.scratch:
             shape, dtype = s.resolve(operands, dtypes)
@@ -861,7 +867,7 @@ class TLContext:
         if hit is not None:
             return hit
         tag = len(self._recipe_scratch)
-        dtypes = frozenset(DTYPES)
+        dtypes = _DTYPE_NAMES
         scratch = {}
         for s in rd.scratch:
             shape, dtype = s.resolve(operands, dtypes)
