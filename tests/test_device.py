@@ -4,6 +4,7 @@ reference, and the exact reductions against the plain simulation."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -502,3 +503,59 @@ def test_many_pes_on_one_channel_drop_stale_ends_and_equal_the_full_run(monkeypa
     monkeypatch.setattr(loop, "STALE_MIN", 10 ** 18)
     never = sim.run_device(plan, steady_state=False, reductions=False)
     assert steady.op_log.equals(never.op_log) and plain.op_log.equals(never.op_log)
+
+
+def _isolation_by_pairs(uses, tensors):
+    """The isolation check written as every pair of families of two PEs (what check_isolation's sweep must
+    find): the message it raises, or None."""
+    from kbwork.device.device import _families_meet, _tensor_at
+
+    found = []
+    for pa, ua in uses.items():
+        for pb, ub in uses.items():
+            if pa == pb:
+                continue
+            for fw in ua.writes:
+                for fo, o_writes in [(f, False) for f in ub.reads] + [(f, True) for f in ub.writes]:
+                    if not _families_meet(fw, fo):
+                        continue
+                    w, o = (pa, fw), (pb, fo)
+                    if o_writes and pb < pa:
+                        w, o = o, w
+                    found.append(((min(pa, pb), max(pa, pb), w[0] > o[0], o_writes, w[1].hull[0], o[1].hull[0]),
+                                  w, o, o_writes))
+    if not found:
+        return None
+    _, w, o, o_writes = min(found, key=lambda x: x[0])
+    name = _tensor_at(sorted(tensors, key=lambda h: h.addr), max(w[1].hull[0], o[1].hull[0]))
+    return f"PE {w[0]} writes tensor {name!r} and PE {o[0]} {'writes' if o_writes else 'reads'}"
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_the_isolation_sweep_finds_what_comparing_every_pair_finds(seed):
+    from kbwork.device.device import Family, Uses, check_isolation
+
+    rng = np.random.default_rng(seed)
+    sim = kbwork.Simulator(mode="timing")
+    tensors = [sim.hbm(f"t{i}", shape=(int(rng.integers(1, 64)), 16), dtype="fp32") for i in range(4)]
+    lo, hi = tensors[0].addr, tensors[-1].end
+    uses = {}
+    for pe in range(int(rng.integers(2, 6))):
+        fams = []
+        for _ in range(int(rng.integers(0, 5))):
+            count = int(rng.integers(1, 5))
+            size = int(rng.integers(1, 512))
+            stride = int(rng.choice([0, size, -size, 2 * size]))
+            addr = int(rng.integers(lo, hi - size))
+            if stride:
+                ends = [addr + stride * i for i in range(count)]
+                if min(ends) < lo or max(ends) + size > hi:
+                    stride = 0
+            fams.append((Family(addr, stride, size, count), bool(rng.random() < 0.3)))
+        uses[pe] = Uses(set(), [f for f, w in fams if not w], [f for f, w in fams if w])
+    want = _isolation_by_pairs(uses, tensors)
+    if want is None:
+        check_isolation(dict.fromkeys(uses, ()), tensors, uses)
+    else:
+        with pytest.raises(ValidationError, match=re.escape(want)):
+            check_isolation(dict.fromkeys(uses, ()), tensors, uses)

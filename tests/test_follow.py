@@ -245,3 +245,37 @@ def test_a_failed_following_launch_leaves_nothing_for_the_cyclic_collector():
     finally:
         gc.set_debug(was)
         gc.garbage.clear()
+
+
+def test_a_following_call_whose_scratch_cannot_be_made_raises_what_the_call_made_as_it_is_raises():
+    # PE 1 opens its scratch scope before the loop, PE 0 inside the body: at the recipe both have one scope
+    # open, so the call equals PE 0's, but PE 1's recipe would allocate its scratch in a scope opened outside
+    # the body; the error comes from finding the scratch, which a following call does as it is made
+    import contextlib
+
+    def k(tl, s_src, y):
+        outside = s_src.name == "s1"
+        m = tl.full((4, 1), 0.0, "fp32", name="m")
+        l = tl.full((4, 1), 0.0, "fp32", name="l")
+        O = tl.full((4, 16), 0.0, "fp32", name="O")
+        S = tl.ring(2, (4, 16), "fp32", name="S")
+        with tl.scratch_scope() if outside else contextlib.nullcontext():
+            for j in tl.range(2):
+                with tl.iteration(j), (contextlib.nullcontext() if outside else tl.scratch_scope()):
+                    tl.composite(op="math", prologue=[{"op": "softmax_merge", "s": S[j], "m": m, "l": l, "O": O}])
+        tl.store(O, y)
+
+    messages = []
+    for reductions in (True, False):
+        sim = kbwork.Simulator(mode="timing", pes=2, hbm_channels=2)
+        plan = {p: [Launch(k, sim.hbm(f"s{p}", shape=(4, 16), dtype="fp32", channel=p),
+                           sim.hbm(f"y{p}", shape=(4, 16), dtype="fp32", channel=p))] for p in range(2)}
+        with pytest.raises(kbwork.TraceError) as e:
+            sim.run_device(plan, reductions=reductions)
+        messages.append(str(e.value))
+        # raised while PE 1 followed PE 0 (with reductions), by the call made as it is made (without)
+        assert any(entry.name == "composite" and entry.path.name == "follow.py" for entry in e.traceback) \
+            == reductions
+    assert messages[0] == messages[1]
+    assert messages[0].startswith("PE 1, launch 0: command #3 (in a tl.range body) prologue[0]: recipe "
+                                  "'softmax_merge' allocates its scratch in a tl.scratch_scope() opened outside")

@@ -21,7 +21,7 @@ Every reduction gives the plain simulation's results; :class:`Reductions` says w
 from __future__ import annotations
 
 import bisect
-import functools
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -123,11 +123,13 @@ class Family:
     stride: int
     size: int
     count: int
+    #: the lowest and one past the highest byte of any iteration (made once: the isolation sweep sorts by it)
+    hull: tuple[int, int] = field(init=False, repr=False, compare=False)
 
-    @functools.cached_property
-    def hull(self) -> tuple[int, int]:
-        last = self.addr + self.stride * (self.count - 1)
-        return min(self.addr, last), max(self.addr, last) + self.size
+    def __post_init__(self) -> None:
+        addr = self.addr
+        last = addr + self.stride * (self.count - 1)
+        object.__setattr__(self, "hull", (addr, last + self.size) if last >= addr else (last, addr + self.size))
 
     def intervals(self) -> np.ndarray:
         lo = self.addr + self.stride * np.arange(self.count, dtype=np.int64)
@@ -237,14 +239,26 @@ def check_isolation(programs: dict[int, Sequence[Program]], tensors: Sequence[Ha
     for pe in sorted(programs):
         items += [(*f.hull, pe, False, f) for f in uses[pe].reads]
         items += [(*f.hull, pe, True, f) for f in uses[pe].writes]
-    items.sort(key=lambda x: (x[0], x[1], x[2], x[3]))
+    items.sort(key=operator.itemgetter(0, 1, 2, 3))
     active_r: list[tuple] = []
     active_w: list[tuple] = []
+    reach_r = reach_w = 0  # the highest end among the active reads and writes
     found: list[tuple] = []
     for it in items:
         lo = it[0]
-        active_r = [a for a in active_r if a[1] > lo]
-        active_w = [a for a in active_w if a[1] > lo]
+        # (most families meet nothing: the active lists are then emptied without a pass over them)
+        if active_r:
+            active_r = [] if reach_r <= lo else [a for a in active_r if a[1] > lo]
+        if active_w:
+            active_w = [] if reach_w <= lo else [a for a in active_w if a[1] > lo]
+        if not active_w and not (it[3] and active_r):
+            if it[3]:
+                active_w.append(it)
+                reach_w = max(reach_w, it[1]) if len(active_w) > 1 else it[1]
+            else:
+                active_r.append(it)
+                reach_r = max(reach_r, it[1]) if len(active_r) > 1 else it[1]
+            continue
         for other in (active_w + active_r if it[3] else active_w):
             if other[2] != it[2] and _families_meet(other[4], it[4]):
                 w, o = (it, other) if it[3] else (other, it)
@@ -252,7 +266,12 @@ def check_isolation(programs: dict[int, Sequence[Program]], tensors: Sequence[Ha
                     w, o = o, w  # both write: the lower PE is named the writer
                 # the lowest pair of PEs first; then the lower PE writing; then a read before a write
                 found.append(((min(w[2], o[2]), max(w[2], o[2]), w[2] > o[2], o[3], w[0], o[0]), w, o))
-        (active_w if it[3] else active_r).append(it)
+        if it[3]:
+            active_w.append(it)
+            reach_w = max(reach_w, it[1]) if len(active_w) > 1 else it[1]
+        else:
+            active_r.append(it)
+            reach_r = max(reach_r, it[1]) if len(active_r) > 1 else it[1]
     if found:
         _, w, o = min(found, key=lambda x: x[0])
         name = _tensor_at(sorted(tensors, key=lambda h: h.addr), max(w[4].hull[0], o[4].hull[0]))

@@ -215,7 +215,7 @@ class Follower:
             self.stop()
             return None
         tl = self.tl
-        where = tl._where()
+        where = _At(tl._ncmd, tl._loop is not None)
         scratch = primary = None
         recipe = rec[3]
         if recipe is not None:
@@ -223,14 +223,12 @@ class Follower:
             if part == "prologue":
                 entry = args[9][i]
                 operands = {n: entry[n] for n in rd.operands}
-                at = f"{where} prologue[{i}]"
             else:
                 o = args[11][i]
                 entry = {"scope": o.scope, **o.operands, **o.extra}
                 operands = {n: entry[n] for n in rd.operands}
-                at = f"{where} op {i}"
             # what the call changes: it finds or allocates its scratch (and may raise here, as it would)
-            scratch = tl._recipe_scratch_for(rd, operands, f"{at}: recipe {rd.name!r}")
+            scratch = tl._recipe_scratch_for(rd, operands, _At(tl._ncmd, tl._loop is not None, part, i, rd.name))
             primary = scratch[rd.primary_out.name] if rd.primary_out is not None else None
             if len(scratch) != len(recorded) or not all(
                     # a plain TCM buffer (found or allocated here, so this launch's) equal in every field, a loop
@@ -378,6 +376,31 @@ class Follower:
         if fp.__class__ is CommandName:
             return fp.stem == rp.stem and fp.cmd == rp.cmd and self.var(fp.var, rp.var)
         return self.handle(fp, rp)
+
+
+class _At(tuple):
+    """Where a followed call is, ``(command id, in a body, part, index, recipe)``, in the words the call made as
+    it is made would use (``command #9 (in a tl.range body) prologue[0]: recipe 'softmax_merge'``), written only
+    when an error needs them."""
+
+    __slots__ = ()
+
+    def __new__(cls, ncmd: int, body: bool, part: str = "", index: int = 0, recipe: str = "") -> "_At":
+        return tuple.__new__(cls, (ncmd, body, part, index, recipe))
+
+    def __str__(self) -> str:
+        ncmd, body, part, index, recipe = self
+        text = f"command #{ncmd}" + (" (in a tl.range body)" if body else "")
+        if part:
+            text += f" prologue[{index}]" if part == "prologue" else f" op {index}"
+            text += f": recipe {recipe!r}"
+        return text
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+    def __repr__(self) -> str:
+        return f"_At({str(self)!r})"
 
 
 class Deferred:
