@@ -569,6 +569,9 @@ class Ring:
 #: The largest tensor or memory kbwork will lay out (1 TiB): far beyond any PE, and small enough
 #: that byte offsets and cycle counts stay exact in int64.
 MAX_BYTES = 1 << 40
+#: the buffer of an arena that keeps no bytes (timing mode)
+_NO_BYTES = np.zeros(0, dtype=np.uint8)
+_NO_BYTES.flags.writeable = False
 
 
 class Arena:
@@ -606,7 +609,7 @@ class Arena:
                 raise TcmOverflowError(f"cannot back {self.label} ({capacity} B) with host memory in data mode; "
                                        f"use a smaller tcm_bytes or mode='timing'.") from None
         else:
-            self.buf = np.zeros(0, dtype=np.uint8)
+            self.buf = _NO_BYTES  # nothing is ever read or written: one empty, read-only buffer serves them all
         self._views: dict[tuple, np.ndarray] = {}  # (addr, shape, dtype) -> view of buf
 
     def __repr__(self) -> str:

@@ -379,16 +379,20 @@ def _launches_kind(launches: Sequence["Launch"]) -> Any:
     return kind
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
 def _kind_of(x: Any, depth: int = 0) -> Any:
-    if isinstance(x, Handle):
-        return (x.__class__, x.span[0], x.shape, x.dtype)  # (span[0]: in TCM; an enum hashes in Python)
-    if x is None or isinstance(x, (str, int, float, bool)):
-        return (x.__class__, x)
-    if depth < 3 and isinstance(x, (list, tuple)):
-        return (x.__class__, tuple(_kind_of(y, depth + 1) for y in x))
-    if depth < 3 and isinstance(x, dict):
-        return (dict, tuple((k, _kind_of(v, depth + 1)) for k, v in x.items()))
-    return x.__class__
+    xc = x.__class__
+    if xc is Handle or xc is LoopHandle or isinstance(x, Handle):
+        return (xc, x.span[0], x.shape, x.dtype)  # (span[0]: in TCM; an enum hashes in Python)
+    if xc in _SCALARS or isinstance(x, (str, int, float, bool)):
+        return (xc, x)
+    if depth < 3 and (xc is tuple or xc is list):
+        return (xc, tuple([_kind_of(y, depth + 1) for y in x]))
+    if depth < 3 and xc is dict:
+        return (dict, tuple([(k, _kind_of(v, depth + 1)) for k, v in x.items()]))
+    return xc
 
 
 def _name_the_launch(e: BaseException, label: str) -> None:

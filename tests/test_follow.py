@@ -279,3 +279,20 @@ def test_a_following_call_whose_scratch_cannot_be_made_raises_what_the_call_made
     assert messages[0] == messages[1]
     assert messages[0].startswith("PE 1, launch 0: command #3 (in a tl.range body) prologue[0]: recipe "
                                   "'softmax_merge' allocates its scratch in a tl.scratch_scope() opened outside")
+
+
+def test_a_command_emitted_by_a_path_that_is_not_followed_ends_the_following():
+    # an extension of the kernel language that emits a command of its own (not a recorded tl call): a PE
+    # following another cannot tell whether its command equals the other's, so it stops following there
+    def emit_copy(tl, a, out, label):
+        args = ("math", a, None, None, out, False, "copy", None, None, (), (), None, (), label)
+        cmd, _ = tl._lower_composite(args, tl._where(), tl._iter)
+        tl._emit(cmd)
+
+    def k(tl, x, y):
+        buf = tl.full(x.shape, 1.0, "fp32", name="buf")
+        emit_copy(tl, buf, buf, "copy " + x.name)  # each PE's own label
+        tl.store(buf, y)
+    sim = kbwork.Simulator(mode="timing", pes=3, hbm_channels=3)
+    run = same_as_plain(sim, fill_store(sim, 3, k))
+    assert [run.pe(p).commands[1].label for p in range(3)] == ["copy x0", "copy x1", "copy x2"]

@@ -131,6 +131,7 @@ class Follower:
         self.tl: Any = None
         self.lowerer: Any = None
         self.pos = 0
+        self._announced = False  # the command about to be emitted is the one a matched call stands for
         self.following = True
         self._vars: dict[int, LoopVar] = {}   # id(this launch's loop var) -> the recorded launch's
         self._pairs: dict[int, Any] = {}      # id(this launch's handle) -> the recorded handle it equals
@@ -153,6 +154,12 @@ class Follower:
         self.tl = None
         self._pairs.clear()
         self._keep.clear()
+
+    def announced(self) -> bool:
+        """Whether the command the context is emitting is that of the call just matched (and no other): the
+        context asks at every command, so a command emitted by a path that is not followed ends the following."""
+        ok, self._announced = self._announced, False
+        return ok
 
     def stop(self) -> None:
         """Stop following: every later call is lowered as it is made."""
@@ -199,6 +206,7 @@ class Follower:
         if self._next(kind, args) is None:
             self.stop()
             return False
+        self._announced = True
         return True
 
     def made(self, result: Handle) -> None:
@@ -240,6 +248,7 @@ class Follower:
                 cmd, _ = tl._lower_composite(args, where, tl._iter, (tl._next(primary), scratch))
                 return tl._emit(cmd)
         tl._n_deferred += 1
+        self._announced = True
         return tl._emit(Deferred(self.lowerer, args, where, tl._iter, tl._next(primary), scratch))
 
     def finish(self) -> bool:

@@ -620,6 +620,9 @@ class TLContext:
     def _emit(self, cmd: Command) -> Completion:
         if self._broken is not None:
             raise TraceError(self._broken)
+        follow = self._follow
+        if follow is not None and not follow.announced():
+            follow.stop()  # a command no recorded call accounts for: this launch is the recorded one no longer
         lp = self._loop
         if lp is None:
             self._plain.append(cmd)
