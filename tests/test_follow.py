@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import gc
 import math
+import os
+from collections import Counter
 
 import pandas as pd
 import pytest
@@ -22,6 +24,9 @@ from kbwork.kernels.gqa_decode import gqa_decode
 from kbwork.pe.program import LazyTrace
 
 from device_cases import random_device_case, random_replicated_case  # tests/ is on sys.path
+from hypothesis import HealthCheck, given, settings
+from test_fuzz_loops import Env, kernel_fn
+from test_fuzz_loops import kernels as loop_kernels
 
 
 def decode_device(pes: int, kv: int = 1024, **overrides):
@@ -296,3 +301,44 @@ def test_a_command_emitted_by_a_path_that_is_not_followed_ends_the_following():
     sim = kbwork.Simulator(mode="timing", pes=3, hbm_channels=3)
     run = same_as_plain(sim, fill_store(sim, 3, k))
     assert [run.pe(p).commands[1].label for p in range(3)] == ["copy x0", "copy x1", "copy x2"]
+
+
+# --- random tl.range kernels (tests/test_fuzz_loops.py's generator), one copy per PE ------------------------
+FOLLOW_EXAMPLES = int(os.environ.get("KBWORK_FUZZ_FOLLOW_EXAMPLES", "40"))
+FOLLOWED = Counter()
+
+
+def fuzz_kernel(tl, *, spec, env):
+    """The fuzz's kernel ``spec`` over the handles of ``env`` (one env per PE, one kernel function for all:
+    the PEs' launches are then of one kind, and the later ones follow the first)."""
+    kernel_fn(spec, env, True)(tl)
+
+
+@settings(max_examples=FOLLOW_EXAMPLES, derandomize=True, database=None, deadline=None,
+          suppress_health_check=list(HealthCheck), print_blob=False)
+@given(loop_kernels())
+def _fuzz_following(kur):
+    k, u, _ = kur
+    pes = 3
+    sim = kbwork.Simulator(mode="timing", **k.topo, pes=pes, hbm_channels=pes)
+    plan = {}
+    for p in range(pes):
+        hbm = {}
+        for d in u.declare():
+            data = d.data()
+            name = f"{d.id}_{p}"
+            hbm[d.id] = (sim.hbm(name, shape=d.shape, dtype=d.dtype, channel=p) if data is None
+                         else sim.hbm(name, data, dtype=d.dtype, channel=p))
+        plan[p] = [Launch(fuzz_kernel, spec=k, env=Env(k, hbm))]
+    run = sim.run_device(plan)
+    FOLLOWED["PEs"] += pes - 1
+    FOLLOWED["followed to the end"] += sum(unlowered(run, p) for p in range(1, pes))
+    same_as_plain(sim, plan, run)
+
+
+def test_random_tl_range_kernels_on_every_pe_give_what_lowering_every_call_gives():
+    FOLLOWED.clear()
+    _fuzz_following()
+    # the layouts are identical, so every later PE should follow the first to its end (a kernel naming a
+    # buffer after its tensor, tl.load without name=, stops following at that load)
+    assert FOLLOWED["followed to the end"] >= FOLLOWED["PEs"] // 2, FOLLOWED
