@@ -342,3 +342,27 @@ def test_random_tl_range_kernels_on_every_pe_give_what_lowering_every_call_gives
     # the layouts are identical, so every later PE should follow the first to its end (a kernel naming a
     # buffer after its tensor, tl.load without name=, stops following at that load)
     assert FOLLOWED["followed to the end"] >= FOLLOWED["PEs"] // 2, FOLLOWED
+
+
+def test_a_buffer_whose_scope_closed_is_refused_in_a_following_launch_though_it_was_paired_before():
+    # PE 0 copies its buffer twice in the scope that made it; PE 1 closes that scope and opens another before
+    # the second copy: one scope is open at each call in both, and PE 1's buffer was paired at the first copy,
+    # but its second use is refused, as it is when every call is lowered as it is made
+    def k(tl, x, y):
+        late = x.name == "x1"
+        with tl.scratch_scope():
+            buf = tl.full(x.shape, 1.0, "fp32", name="buf")
+            tl.composite(op="math", math_op="copy", a=buf, out=buf)
+            if not late:
+                tl.composite(op="math", math_op="copy", a=buf, out=buf)
+        if late:
+            with tl.scratch_scope():
+                tl.composite(op="math", math_op="copy", a=buf, out=buf)
+    messages = []
+    for reductions in (True, False):
+        sim = kbwork.Simulator(mode="timing", pes=2, hbm_channels=2)
+        with pytest.raises(ValidationError, match="PE 1, launch 0: command #2 op 0 .copy.: handle 'buf' was "
+                                                  "allocated inside a tl.scratch_scope.. that has closed") as e:
+            sim.run_device(fill_store(sim, 2, k), reductions=reductions)
+        messages.append(str(e.value))
+    assert messages[0] == messages[1]

@@ -8,6 +8,7 @@ tl.range give byte-identical op_logs and numbers.
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -185,6 +186,43 @@ def test_an_index_used_after_its_loop_or_a_body_completion_waited_on_outside_is_
         tl.wait(done)
     with pytest.raises(TraceError, match=r"tl\.wait\(Completion\(cmd=1\)\): that command belongs to a tl\.range"):
         sim.run(late_wait, X, W, out)
+
+
+@pytest.mark.parametrize("use", ["copy", "store", "load", "recipe", "rw", "in the next loop"])
+def test_a_handle_made_in_a_body_used_after_its_loop_is_refused_naming_the_last_iteration_s_tensor(use):
+    # a Python loop leaves its last iteration's slice in the variable; the body traced once leaves a handle
+    # that is a different tensor in every iteration: a command after the loop naming it is refused (it was
+    # iteration 0's tensor in every such command before, a number the Python loop does not compute)
+    sim = kbwork.Simulator(mode="timing")
+    X = sim.hbm("X", shape=(32, 16), dtype="fp32")
+    Y = sim.hbm("Y", shape=(8, 16), dtype="fp32")
+
+    def k(tl, X, Y):
+        buf = tl.alloc((8, 16), "fp32", name="buf")
+        S = tl.ring(2, (8, 16), "fp32", name="S")
+        m, l = (tl.full((8, 1), 0.0, "fp32", name=n) for n in "ml")
+        kept = {}
+        for j in tl.range(4):
+            with tl.iteration(j):
+                kept["x"], kept["s"] = X[j * 8:(j + 1) * 8], S[j]
+                tl.composite(op="math", math_op="copy", a=kept["x"], out=kept["s"])
+        if use == "copy":
+            tl.composite(op="math", math_op="copy", a=kept["x"], out=buf)
+        elif use == "store":
+            tl.store(kept["s"], Y)
+        elif use == "load":
+            tl.load(kept["x"], name="again")
+        elif use == "recipe":
+            tl.composite(op="math", prologue=[{"op": "softmax_merge", "s": kept["s"], "m": m, "l": l, "O": buf}])
+        elif use == "rw":
+            tl.composite(op="math", math_op="copy", a=buf, out=buf, rw_handles=[kept["s"]])
+        else:
+            for i in tl.range(2):
+                tl.composite(op="math", math_op="copy", a=kept["s"], out=buf)
+    last = "X[24:32]" if use in ("copy", "load") else "S1"
+    with pytest.raises(TraceError, match=rf"was made in the body of a tl.range loop that has ended.*"
+                                         rf"the last iteration's is {re.escape(last)}"):
+        sim.run(k, X, Y)
 
 
 def test_tl_iteration_of_an_index_is_checked_at_the_first_and_last_iteration():

@@ -194,7 +194,9 @@ class Follower:
             if x is y and (xc in _ATOMS or x is _NONE):  # most: the same None, bool, literal string, small int, ()
                 continue
             if xc is Handle or xc is LoopHandle:
-                if y.__class__ is not xc or (pairs.get(id(x)) is not y and not self.handle(x, y)):
+                # paired before, and its scratch scope (if any) still open; else checked in full
+                if y.__class__ is not xc or ((pairs.get(id(x)) is not y or not x.origin.alive)
+                                             and not self.handle(x, y)):
                     return None
             elif not self.value(x, y):
                 return None
@@ -289,7 +291,7 @@ class Follower:
         if fc in _ATOMS:
             return f == r
         if fc is Handle or fc is LoopHandle:
-            return self._pairs.get(id(f)) is r or self.handle(f, r)
+            return self.handle(f, r)
         if fc is tuple or fc is list:
             return len(f) == len(r) and self._items(zip(f, r))
         if fc is dict:
@@ -316,15 +318,17 @@ class Follower:
             if x is y and (xc in _ATOMS or x is _NONE):
                 continue
             if xc is Handle or xc is LoopHandle:
-                if y.__class__ is not xc or (known.get(id(x)) is not y and not self.handle(x, y)):
+                if y.__class__ is not xc or ((known.get(id(x)) is not y or not x.origin.alive)
+                                             and not self.handle(x, y)):
                     return False
             elif not self.value(x, y):
                 return False
         return True
 
     def handle(self, f: Handle, r: Handle) -> bool:
-        """Whether this launch's handle ``f`` equals the recorded ``r`` (and this launch owns it)."""
-        if self._pairs.get(id(f)) is r:
+        """Whether this launch's handle ``f`` equals the recorded ``r`` and this launch owns it (its scratch scope,
+        if any, still open: a pair found before is taken only then)."""
+        if self._pairs.get(id(f)) is r and f.origin.alive:
             return True
         if not self._handle(f, r):
             return False
@@ -341,7 +345,8 @@ class Follower:
             return False
         tl = self.tl
         o = f.origin  # owned by this launch (TLContext._owns)
-        if o is None or not o.alive or o._arena() is not (tl.tcm if space is _TCM else tl.hbm):
+        if o is None or not o.alive or o._arena() is not (tl.tcm if space is _TCM else tl.hbm) \
+                or (fc is LoopHandle and f.var is not None and f.var.closed):
             return False
         if space is _TCM:
             if f.addr != r.addr or f.name != r.name or f.channel != r.channel:

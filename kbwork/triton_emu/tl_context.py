@@ -573,16 +573,31 @@ class TLContext:
 
     # --- internals ----------------------------------------------------------------------
     def _owns(self, h: Handle) -> bool:
-        """Whether this run's memories made ``h`` and its scratch scope (if any) is still open."""
+        """Whether this run's memories made ``h``, its scratch scope (if any) is still open, and, for a handle
+        made in a ``tl.range`` body, that body is the one being traced."""
         o = h.origin
-        return o is not None and o._arena() is (self.hbm if h.space is Space.HBM else self.tcm) and o.alive
+        return (o is not None and o._arena() is (self.hbm if h.space is Space.HBM else self.tcm) and o.alive
+                and (h.__class__ is not LoopHandle or h.var is None or not h.var.closed))
 
     def _own(self, h: Handle, where: str) -> None:
         """Refuse ``h`` unless :meth:`_owns` it. (Where ``where`` is an f-string, hot paths test ``_owns``
-        first, so the message is built only for a handle that fails.)"""
+        first, so the message is built only for a handle that fails.)
+
+        Raises:
+            ValidationError: a handle of another run or simulator, or of a scratch scope that has closed.
+            TraceError: a handle made in the body of a ``tl.range`` loop that has ended.
+        """
         if not self._owns(h):
             arena = self.hbm if h.space is Space.HBM else self.tcm
-            raise ValidationError(f"{where}: {arena.check(h)}")
+            problem = arena.check(h)
+            if problem is None and isinstance(h, LoopHandle):
+                n = h.var.iterations
+                last = (f"the last iteration's is {h.name_at(n - 1)}" if n else
+                        "that loop ran no iteration, so it names none")
+                raise TraceError(f"{where}: {h.name} was made in the body of a tl.range loop that has ended; it is "
+                                 f"a different tensor in every iteration, so after its loop it names none of them "
+                                 f"({last}). Use it inside the body, or name the tensor you mean ({FIX}).")
+            raise ValidationError(f"{where}: {problem}")
 
     def _check_ops(self, flat: tuple[OpSpec, ...], where: str, made: range = _NO_OPS) -> None:
         """Refuse an op's handle this run does not own. The ops at ``made`` are a recipe's expansion: their
