@@ -366,3 +366,27 @@ def test_a_buffer_whose_scope_closed_is_refused_in_a_following_launch_though_it_
             sim.run_device(fill_store(sim, 2, k), reductions=reductions)
         messages.append(str(e.value))
     assert messages[0] == messages[1]
+
+
+@pytest.mark.parametrize("who", ["every PE", "the recorded PE"])
+def test_a_kernel_changing_its_own_lists_after_a_call_gets_the_commands_of_its_calls_as_they_were_made(who):
+    # a composite is lowered from its arguments as they are when it is made: a kernel that edits its epilogue
+    # list after one call (for the next) must not have the recorded call compared, or a put-off call lowered,
+    # with the edited list. With "the recorded PE", only PE 0 edits, after its call, to what PE 1 passes at
+    # that call: PE 1's call must not be taken for PE 0's
+    def k(tl, x, y):
+        buf = tl.full(x.shape, 1.0, "fp32", name="buf")
+        tmp = tl.full(x.shape, 0.0, "fp32", name="tmp")
+        other = x.name == "x1" and who == "the recorded PE"
+        epi = [{"op": "add", "other": tmp} if other else {"op": "scale", "factor": 2.0}]
+        tl.composite(op="math", math_op="copy", a=buf, out=buf, epilogue=epi)
+        if x.name == "x0" or who == "every PE":
+            epi[0].clear()
+            epi[0].update({"op": "add", "other": tmp})
+        tl.composite(op="math", math_op="copy", a=buf, out=buf, epilogue=epi)
+        tl.store(buf, y)
+    sim = kbwork.Simulator(mode="timing", pes=3, hbm_channels=3)
+    run = same_as_plain(sim, fill_store(sim, 3, k))
+    kinds = [[run.pe(p).commands[c].ops[1].kind for c in (2, 3)] for p in range(3)]
+    assert kinds[0] == ["scale", "add"] and kinds[2] == ["scale", "add" if who == "every PE" else "scale"]
+    assert kinds[1] == (["scale", "add"] if who == "every PE" else ["add", "add"])

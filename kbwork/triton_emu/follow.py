@@ -50,6 +50,23 @@ _TCM = Space.TCM
 _NONE = ()
 
 
+def snapshot(x: Any) -> Any:
+    """``x`` with every list and dict in it copied (recursively, tuples rebuilt around them): what a call's
+    arguments were when it was made, whatever the kernel does to its own lists afterwards. A call is lowered
+    from its arguments as they are when it is made; one recorded, or put off, keeps them as they were."""
+    xc = x.__class__
+    if xc is list:
+        return [snapshot(y) for y in x]
+    if xc is dict:
+        return {k: snapshot(v) for k, v in x.items()}
+    if xc is tuple:
+        for y in x:
+            if y.__class__ is list or y.__class__ is dict or (y.__class__ is tuple and y):
+                return tuple([snapshot(y) for y in x])
+        return x
+    return x
+
+
 class Recording:
     """The calls of a launch that emitted commands, in order: ``(kind, args, context, result)``, and at its end
     the shape of its program (:func:`layout`)."""
@@ -251,7 +268,7 @@ class Follower:
                 return tl._emit(cmd)
         tl._n_deferred += 1
         self._announced = True
-        return tl._emit(Deferred(self.lowerer, args, where, tl._iter, tl._next(primary), scratch))
+        return tl._emit(Deferred(self.lowerer, snapshot(args), where, tl._iter, tl._next(primary), scratch))
 
     def finish(self) -> bool:
         """Whether the launch followed the recorded one to its end: every call equal, no call left over, the same

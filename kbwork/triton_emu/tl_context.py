@@ -33,7 +33,7 @@ from ..pe.commands import Command, Completion, CompositeCmd, DmaCmd, OpSpec, Sco
 from ..pe.ops import OPS
 from ..pe.program import LazyTrace, Loop, Plain, Trace, loop_period
 from ..symbolic import FIX, Index, LoopVar
-from .follow import lowered_segments
+from .follow import lowered_segments, snapshot
 from .tl_recipes import RECIPE_DESCRIPTORS, RecipeDescriptor
 
 if TYPE_CHECKING:
@@ -510,7 +510,7 @@ class TLContext:
         cmd, recipe = self._lower_composite(args, where, self._iter)
         rec = self._record
         if rec is not None:
-            rec.add("composite", args, self._ctx(), recipe)
+            rec.add("composite", snapshot(args), self._ctx(), recipe)
         return self._emit(cmd)
 
     def _where(self) -> str:
