@@ -390,3 +390,12 @@ def test_a_kernel_changing_its_own_lists_after_a_call_gets_the_commands_of_its_c
     kinds = [[run.pe(p).commands[c].ops[1].kind for c in (2, 3)] for p in range(3)]
     assert kinds[0] == ["scale", "add"] and kinds[2] == ["scale", "add" if who == "every PE" else "scale"]
     assert kinds[1] == (["scale", "add"] if who == "every PE" else ["add", "add"])
+
+
+def test_the_arguments_a_call_keeps_copies_are_where_a_composite_takes_lists():
+    import inspect
+
+    from kbwork.triton_emu.follow import LISTS
+    from kbwork.triton_emu.tl_context import TLContext
+    params = list(inspect.signature(TLContext.composite).parameters)[1:]
+    assert params[LISTS] == ["prologue", "epilogue", "ops", "rw_handles"]

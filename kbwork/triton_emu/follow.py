@@ -50,21 +50,31 @@ _TCM = Space.TCM
 _NONE = ()
 
 
-def snapshot(x: Any) -> Any:
-    """``x`` with every list and dict in it copied (recursively, tuples rebuilt around them): what a call's
-    arguments were when it was made, whatever the kernel does to its own lists afterwards. A call is lowered
-    from its arguments as they are when it is made; one recorded, or put off, keeps them as they were."""
-    xc = x.__class__
-    if xc is list:
-        return [snapshot(y) for y in x]
-    if xc is dict:
-        return {k: snapshot(v) for k, v in x.items()}
-    if xc is tuple:
-        for y in x:
-            if y.__class__ is list or y.__class__ is dict or (y.__class__ is tuple and y):
-                return tuple([snapshot(y) for y in x])
-        return x
-    return x
+#: where a composite's arguments (``TLContext.composite``'s parameters, in order) may hold lists and dicts:
+#: ``prologue``, ``epilogue``, ``ops`` and ``rw_handles``. Anywhere else a list is refused by lowering, and only
+#: calls that were lowered without an error are recorded or put off.
+LISTS = slice(9, 13)
+
+
+def snapshot(args: tuple) -> tuple:
+    """A composite's arguments as they are now, whatever the kernel does to its own lists afterwards: its
+    prologue and epilogue entries copied (a valid entry holds handles, scalars and strings only), its ``ops`` and
+    ``rw_handles`` lists copied (OpSpecs and handles are values). A call is lowered from its arguments as they are
+    when it is made; one recorded, or put off, keeps them as they were."""
+    pro, epi, ops, rw = args[LISTS]
+    if not pro and not epi and ops is None and rw.__class__ is not list:  # most MATH ops: nothing to copy
+        return args
+    return args[:9] + (_entries(pro), _entries(epi), list(ops) if ops.__class__ is list else ops,
+                       list(rw) if rw.__class__ is list else rw) + args[13:]
+
+
+def _entries(seq: Any) -> Any:
+    c = seq.__class__
+    if c is list:
+        return [e.copy() if e.__class__ is dict else e for e in seq]
+    if c is tuple and seq:
+        return tuple([e.copy() if e.__class__ is dict else e for e in seq])
+    return seq
 
 
 class Recording:
