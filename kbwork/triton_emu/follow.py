@@ -321,8 +321,23 @@ class Follower:
             return self.handle(f, r)
         if fc is tuple or fc is list:
             return len(f) == len(r) and self._items(zip(f, r))
-        if fc is dict:
-            return len(f) == len(r) and list(f) == list(r) and self._items(zip(f.values(), r.values()))
+        if fc is dict:  # (a prologue or epilogue entry: its keys in order, then its values)
+            if len(f) != len(r):
+                return False
+            known = self._pairs
+            for (k, x), (kr, y) in zip(f.items(), r.items()):
+                if k != kr:
+                    return False
+                xc = x.__class__
+                if x is y and (xc in _ATOMS or x is _NONE):
+                    continue
+                if xc is Handle or xc is LoopHandle:
+                    if y.__class__ is not xc or ((known.get(id(x)) is not y or not x.origin.alive)
+                                                 and not self.handle(x, y)):
+                        return False
+                elif not self.value(x, y):
+                    return False
+            return True
         if fc is float:
             return f == r and math.copysign(1.0, f) == math.copysign(1.0, r)  # NaN: unequal
         if fc is Scope:
@@ -399,8 +414,13 @@ class Follower:
         if len(f.chain) != len(r.chain):
             return False
         for (a, c), (b, d) in zip(f.chain, r.chain):
-            if not (self.affine(a, b) and self.affine(c, d)):
-                return False
+            for x, y in ((a, b), (c, d)):
+                if x.__class__ is Index and y.__class__ is Index:  # (affine, inline: a slice's two bounds)
+                    if x.a != y.a or x.b != y.b or x._ja != y._ja or x._jb != y._jb or \
+                            (self._vars.get(id(x.var)) is not y.var and not self.var(x.var, y.var)):
+                        return False
+                elif not self.affine(x, y):
+                    return False
         fr, rr = f.root, r.root
         if (fr is None) != (rr is None) or (fr is not None and not self.handle(fr, rr)):
             return False
