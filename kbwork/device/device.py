@@ -251,15 +251,7 @@ def check_isolation(programs: dict[int, Sequence[Program]], tensors: Sequence[Ha
             active_r = [] if reach_r <= lo else [a for a in active_r if a[1] > lo]
         if active_w:
             active_w = [] if reach_w <= lo else [a for a in active_w if a[1] > lo]
-        if not active_w and not (it[3] and active_r):
-            if it[3]:
-                active_w.append(it)
-                reach_w = max(reach_w, it[1]) if len(active_w) > 1 else it[1]
-            else:
-                active_r.append(it)
-                reach_r = max(reach_r, it[1]) if len(active_r) > 1 else it[1]
-            continue
-        for other in (active_w + active_r if it[3] else active_w):
+        for other in (active_w + active_r if it[3] else active_w) if active_w or (it[3] and active_r) else ():
             if other[2] != it[2] and _families_meet(other[4], it[4]):
                 w, o = (it, other) if it[3] else (other, it)
                 if o[3] and o[2] < w[2]:

@@ -215,18 +215,8 @@ class Follower:
         mine = tl._iter
         if not (mine == it if mine.__class__ is int and it.__class__ is int else self.affine(mine, it)):
             return None
-        pairs = self._pairs
-        for x, y in zip(args, rec[1]):
-            xc = x.__class__
-            if x is y and (xc in _ATOMS or x is _NONE):  # most: the same None, bool, literal string, small int, ()
-                continue
-            if xc is Handle or xc is LoopHandle:
-                # paired before, and its scratch scope (if any) still open; else checked in full
-                if y.__class__ is not xc or ((pairs.get(id(x)) is not y or not x.origin.alive)
-                                             and not self.handle(x, y)):
-                    return None
-            elif not self.value(x, y):
-                return None
+        if not self._items(zip(args, rec[1])):
+            return None
         self.pos = pos + 1
         return rec
 
@@ -322,22 +312,7 @@ class Follower:
         if fc is tuple or fc is list:
             return len(f) == len(r) and self._items(zip(f, r))
         if fc is dict:  # (a prologue or epilogue entry: its keys in order, then its values)
-            if len(f) != len(r):
-                return False
-            known = self._pairs
-            for (k, x), (kr, y) in zip(f.items(), r.items()):
-                if k != kr:
-                    return False
-                xc = x.__class__
-                if x is y and (xc in _ATOMS or x is _NONE):
-                    continue
-                if xc is Handle or xc is LoopHandle:
-                    if y.__class__ is not xc or ((known.get(id(x)) is not y or not x.origin.alive)
-                                                 and not self.handle(x, y)):
-                        return False
-                elif not self.value(x, y):
-                    return False
-            return True
+            return len(f) == len(r) and list(f) == list(r) and self._items(zip(f.values(), r.values()))
         if fc is float:
             return f == r and math.copysign(1.0, f) == math.copysign(1.0, r)  # NaN: unequal
         if fc is Scope:
@@ -357,9 +332,10 @@ class Follower:
         known = self._pairs
         for x, y in pairs:
             xc = x.__class__
-            if x is y and (xc in _ATOMS or x is _NONE):
+            if x is y and (xc in _ATOMS or x is _NONE):  # most: the same None, bool, literal string, small int, ()
                 continue
             if xc is Handle or xc is LoopHandle:
+                # paired before, and its scratch scope (if any) still open; else checked in full
                 if y.__class__ is not xc or ((known.get(id(x)) is not y or not x.origin.alive)
                                              and not self.handle(x, y)):
                     return False
