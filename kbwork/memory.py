@@ -344,14 +344,12 @@ class LoopHandle(Handle):
         rows = shape[0]
         start = 0 if start is None else start
         stop = rows if stop is None else stop
-        # (a slice is made for every tile a body names: the common case, both bounds indices of the handle's
-        # loop or ints, is checked without generators)
-        s_idx, t_idx = start.__class__ is Index, stop.__class__ is Index
+        # (a slice is made for every tile a body names: checked without generators)
+        s_idx, t_idx = isinstance(start, Index), isinstance(stop, Index)
         for b, is_idx in ((start, s_idx), (stop, t_idx)):
-            if not is_idx and not isinstance(b, Index) and not _is_int(b):
+            if not is_idx and not _is_int(b):
                 raise ValidationError(f"handle {parent.name!r}: row slice bounds must be ints or tl.range indices, "
                                       f"got {b!r}.")
-        s_idx, t_idx = s_idx or isinstance(start, Index), t_idx or isinstance(stop, Index)
         looped = isinstance(parent, LoopHandle)
         var = parent.var if looped else (start.var if s_idx else stop.var)
         if (s_idx and start.var is not var) or (t_idx and stop.var is not var):

@@ -248,9 +248,9 @@ def check_isolation(programs: dict[int, Sequence[Program]], tensors: Sequence[Ha
         lo = it[0]
         # (most families meet nothing: the active lists are then emptied without a pass over them)
         if active_r:
-            active_r = [] if reach_r <= lo else [a for a in active_r if a[1] > lo]
+            active_r, reach_r = ([], 0) if reach_r <= lo else ([a for a in active_r if a[1] > lo], reach_r)
         if active_w:
-            active_w = [] if reach_w <= lo else [a for a in active_w if a[1] > lo]
+            active_w, reach_w = ([], 0) if reach_w <= lo else ([a for a in active_w if a[1] > lo], reach_w)
         for other in (active_w + active_r if it[3] else active_w) if active_w or (it[3] and active_r) else ():
             if other[2] != it[2] and _families_meet(other[4], it[4]):
                 w, o = (it, other) if it[3] else (other, it)
@@ -260,10 +260,10 @@ def check_isolation(programs: dict[int, Sequence[Program]], tensors: Sequence[Ha
                 found.append(((min(w[2], o[2]), max(w[2], o[2]), w[2] > o[2], o[3], w[0], o[0]), w, o))
         if it[3]:
             active_w.append(it)
-            reach_w = max(reach_w, it[1]) if len(active_w) > 1 else it[1]
+            reach_w = max(reach_w, it[1])
         else:
             active_r.append(it)
-            reach_r = max(reach_r, it[1]) if len(active_r) > 1 else it[1]
+            reach_r = max(reach_r, it[1])
     if found:
         _, w, o = min(found, key=lambda x: x[0])
         name = _tensor_at(sorted(tensors, key=lambda h: h.addr), max(w[4].hull[0], o[4].hull[0]))

@@ -64,8 +64,8 @@ def snapshot(args: tuple) -> tuple:
     pro, epi, ops, rw = args[LISTS]
     if not pro and not epi and ops is None and rw.__class__ is not list:  # most MATH ops: nothing to copy
         return args
-    return args[:9] + (_entries(pro), _entries(epi), list(ops) if ops.__class__ is list else ops,
-                       list(rw) if rw.__class__ is list else rw) + args[13:]
+    return args[:LISTS.start] + (_entries(pro), _entries(epi), list(ops) if ops.__class__ is list else ops,
+                                 list(rw) if rw.__class__ is list else rw) + args[LISTS.stop:]
 
 
 def _entries(seq: Any) -> Any:
@@ -116,7 +116,8 @@ class Tensors:
 
 
 class Pairing:
-    """The tensors and channels a following PE pairs with the recorded PE's, one to one, shared by its launches.
+    """The tensors and channels a following PE pairs with the recorded PE's, shared by its launches: tensors one to
+    one, each recorded channel with one channel of this PE.
 
     ``tensors`` maps a recorded tensor's address to ``(recorded tensor, this PE's tensor)``; ``channels`` a
     recorded channel to this PE's."""
@@ -242,7 +243,7 @@ class Follower:
             self.stop()
             return None
         tl = self.tl
-        where = _At(tl._ncmd, tl._loop is not None)
+        where = tl._where()
         scratch = primary = None
         recipe = rec[3]
         if recipe is not None:
@@ -255,7 +256,7 @@ class Follower:
                 entry = {"scope": o.scope, **o.operands, **o.extra}
                 operands = {n: entry[n] for n in rd.operands}
             # what the call changes: it finds or allocates its scratch (and may raise here, as it would)
-            scratch = tl._recipe_scratch_for(rd, operands, _At(tl._ncmd, tl._loop is not None, part, i, rd.name))
+            scratch = tl._recipe_scratch_for(rd, operands, At(tl._ncmd, tl._loop is not None, part, i, rd.name))
             primary = scratch[rd.primary_out.name] if rd.primary_out is not None else None
             if len(scratch) != len(recorded) or not all(
                     # a plain TCM buffer (found or allocated here, so this launch's) equal in every field, a loop
@@ -361,10 +362,7 @@ class Follower:
         space = f.space
         if space is not r.space or f.shape != r.shape or f.dtype != r.dtype or f.pinned != r.pinned:
             return False
-        tl = self.tl
-        o = f.origin  # owned by this launch (TLContext._owns)
-        if o is None or not o.alive or o._arena() is not (tl.tcm if space is _TCM else tl.hbm) \
-                or (fc is LoopHandle and f.var is not None and f.var.closed):
+        if not self.tl._owns(f):
             return False
         if space is _TCM:
             if f.addr != r.addr or f.name != r.name or f.channel != r.channel:
@@ -390,13 +388,8 @@ class Follower:
         if len(f.chain) != len(r.chain):
             return False
         for (a, c), (b, d) in zip(f.chain, r.chain):
-            for x, y in ((a, b), (c, d)):
-                if x.__class__ is Index and y.__class__ is Index:  # (affine, inline: a slice's two bounds)
-                    if x.a != y.a or x.b != y.b or x._ja != y._ja or x._jb != y._jb or \
-                            (self._vars.get(id(x.var)) is not y.var and not self.var(x.var, y.var)):
-                        return False
-                elif not self.affine(x, y):
-                    return False
+            if not (self.affine(a, b) and self.affine(c, d)):
+                return False
         fr, rr = f.root, r.root
         if (fr is None) != (rr is None) or (fr is not None and not self.handle(fr, rr)):
             return False
@@ -415,14 +408,14 @@ class Follower:
         return self.handle(fp, rp)
 
 
-class _At(tuple):
-    """Where a followed call is, ``(command id, in a body, part, index, recipe)``, in the words the call made as
-    it is made would use (``command #9 (in a tl.range body) prologue[0]: recipe 'softmax_merge'``), written only
-    when an error needs them."""
+class At(tuple):
+    """Where a composite call is, ``(command id, in a body, part, index, recipe)``, in words
+    (``command #9 (in a tl.range body) prologue[0]: recipe 'softmax_merge'``) written only when an error needs
+    them: ``TLContext._where`` for every call, and a following call's recipe part (:class:`Follower`)."""
 
     __slots__ = ()
 
-    def __new__(cls, ncmd: int, body: bool, part: str = "", index: int = 0, recipe: str = "") -> "_At":
+    def __new__(cls, ncmd: int, body: bool, part: str = "", index: int = 0, recipe: str = "") -> "At":
         return tuple.__new__(cls, (ncmd, body, part, index, recipe))
 
     def __str__(self) -> str:
@@ -437,7 +430,7 @@ class _At(tuple):
         return format(str(self), spec)
 
     def __repr__(self) -> str:
-        return f"_At({str(self)!r})"
+        return f"At({str(self)!r})"
 
 
 class Deferred:

@@ -33,7 +33,7 @@ from ..pe.commands import Command, Completion, CompositeCmd, DmaCmd, OpSpec, Sco
 from ..pe.ops import OPS
 from ..pe.program import LazyTrace, Loop, Plain, Trace, loop_period
 from ..symbolic import FIX, Index, LoopVar
-from .follow import lowered_segments, snapshot
+from .follow import At, lowered_segments, snapshot
 from .tl_recipes import RECIPE_DESCRIPTORS, RecipeDescriptor
 
 if TYPE_CHECKING:
@@ -513,9 +513,10 @@ class TLContext:
             rec.add("composite", snapshot(args), self._ctx(), recipe)
         return self._emit(cmd)
 
-    def _where(self) -> str:
-        """How errors name the command about to be emitted."""
-        return f"command #{self._ncmd}" + (" (in a tl.range body)" if self._loop is not None else "")
+    def _where(self) -> At:
+        """How errors name the command about to be emitted (``command #9 (in a tl.range body)``), written only
+        when an error needs it."""
+        return At(self._ncmd, self._loop is not None)
 
     def _ctx(self) -> tuple:
         """What lowering a call reads of the context besides its arguments (``triton_emu.follow``): the command's

@@ -29,7 +29,6 @@ import math
 import numbers
 import re
 from dataclasses import dataclass, field
-import functools
 from functools import cached_property
 from typing import Any, Literal, Mapping
 
@@ -72,7 +71,7 @@ class ScratchSpec:
         dtype = self.dtype if self.dtype in dtypes else operands[self.dtype].dtype
         return shape, dtype
 
-    @functools.cached_property
+    @cached_property
     def _dims(self) -> tuple:
         """The shape rule's dimensions read once: an int, or ``(operand, index)`` for ``"x[i]"`` (a recipe is
         expanded for every composite that names it)."""
