@@ -1,7 +1,7 @@
 """argparse types shared by every command line of kbwork (``kbwork``, ``kbwork step``, ``kbwork bench``).
 
 Each is a function ``str -> value`` that raises :class:`argparse.ArgumentTypeError`
-with what it expected, so argparse reports ``argument --flag: expected ...``
+with what it expected, so the command reports ``kbwork: error: argument --flag: expected ...``
 and exits with status 2 (never a traceback). A foundation: it imports nothing
 from kbwork, so the subcommands' modules of every rank can share it.
 """

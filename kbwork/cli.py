@@ -7,9 +7,9 @@ benchmark in: ``bench/`` ranks above this module (DESIGN §9; it uses
 Every argument and every output path is checked before anything is
 simulated, and in data mode so is whether the run fits in the TCM (a
 one-tile timing run, milliseconds, before inputs of gigabytes are made). A
-mistake ends with exit status 2 and one ``kbwork: error: ...`` line
-(argparse's usage line too, for a malformed argument, with a "did you mean"
-for a misspelt option, command or choice), never a traceback: that covers every
+mistake ends with exit status 2 and one ``kbwork: error: ...`` line (for a
+malformed argument too, with a "did you mean" for a misspelt option, command
+or choice; the usage is in ``--help``), never a traceback: that covers every
 :class:`~kbwork.errors.KbworkError` and an ``OSError`` while writing an
 output. Outputs are written atomically to exactly the path given, which must
 end in the suffix of its kind (``--oplog`` .csv, ``--trace`` .json, ``--npz``
@@ -33,7 +33,7 @@ import os
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NoReturn
 
 from . import atomic
 from .argtypes import file_path, float_range, int_range, nonnegative_int, positive_int, topology_setting
@@ -43,7 +43,17 @@ from .errors import KbworkError, TcmOverflowError, ValidationError
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse's parser, whose error for an unknown option says which one was meant (``--kv_len``:
-    "did you mean --kv-len?"), in the usage of the subcommand it was given to."""
+    "did you mean --kv-len?"), and whose every error is one line, ``kbwork: error: ...``, as every other
+    mistake on the command line (the usage stays in ``--help``)."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``kbwork: error: MESSAGE`` on stderr as one line and exit with status 2.
+
+        Raises:
+            SystemExit: always, with status 2.
+        """
+        text = " ".join(str(message).split())  # one line, whatever argparse wrapped
+        self.exit(2, f"kbwork: error: {text}\n")
 
     def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
         argv = sys.argv[1:] if args is None else list(args)
@@ -686,8 +696,8 @@ def main(argv: list[str] | None = None, *, bench: Callable[[list[str]], int] | N
         ``kbwork: error: ...`` line to stderr).
 
     Raises:
-        SystemExit: from argparse, with status 2 after its usage and error
-            lines, for a malformed argument (and 0 for ``--help``).
+        SystemExit: from argparse, with status 2 after one ``kbwork: error: ...``
+            line, for a malformed argument (and 0 for ``--help``).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     args: argparse.Namespace | None = None

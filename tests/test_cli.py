@@ -58,7 +58,7 @@ def test_a_misspelt_choice_says_which_was_meant(capsys):
 
 def test_a_variant_given_as_a_bare_word_is_refused_with_the_option_that_names_it(capsys):
     # what a newcomer types first: the variant without its option (argparse alone says --variant is required)
-    for argv, want in ((["run", "opt2"], "kbwork run: error: a variant is named with --variant: write --variant opt2, "
+    for argv, want in ((["run", "opt2"], "kbwork: error: a variant is named with --variant: write --variant opt2, "
                                           "not opt2 alone"),
                        (["run", "--mode", "timing", "opt3"], "write --variant opt3, not opt3 alone"),
                        (["compare", "opt2", "opt3"], "write --variants opt2,opt3, not opt2 opt3 alone"),

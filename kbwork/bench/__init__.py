@@ -357,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
 
     Returns:
         0, or 1 when SimPy and kbwork disagree on a case, or 2 for a bad
-        argument or a failed write (with one ``kbwork bench: error:`` line).
+        argument or a failed write (with one ``kbwork: error:`` line).
         Every argument, and the ``--out`` directory, is checked before
         anything is measured.
 
@@ -471,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
         return _decode_suite(args)
     except KbworkError as exc:
-        print(f"kbwork bench: error: {exc}", file=sys.stderr)
+        print(f"kbwork: error: {exc}", file=sys.stderr)
         return 2
 
 
@@ -501,7 +501,7 @@ def _steady_suite(args: argparse.Namespace) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         atomic.write_text(args.out / "steady.json", json.dumps(result, indent=1, default=float))
     except OSError as exc:
-        print(f"kbwork bench: error: could not write {exc.filename!r}: {exc.strerror or exc}", file=sys.stderr)
+        print(f"kbwork: error: could not write {exc.filename!r}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     print(f"\nwrote {args.out / 'steady.json'}", file=sys.stderr)
     return 0
@@ -553,7 +553,7 @@ def _report(args: argparse.Namespace, name: str, result: dict[str, Any], format_
         args.out.mkdir(parents=True, exist_ok=True)
         atomic.write_text(args.out / name, json.dumps(result, indent=1, default=float))
     except OSError as exc:
-        print(f"kbwork bench: error: could not write {exc.filename!r}: {exc.strerror or exc}", file=sys.stderr)
+        print(f"kbwork: error: could not write {exc.filename!r}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     print(f"\nwrote {args.out / name}", file=sys.stderr)
     return 1 if bad else 0
@@ -589,7 +589,7 @@ def _decode_suite(args: argparse.Namespace) -> int:
         atomic.write_text(args.out / "decode.csv", pd.DataFrame(result["rows"]).to_csv(index=False,
                                                                                         lineterminator="\n"))
     except OSError as exc:
-        print(f"kbwork bench: error: could not write {exc.filename!r}: {exc.strerror or exc}", file=sys.stderr)
+        print(f"kbwork: error: could not write {exc.filename!r}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     print(f"\nwrote {args.out / 'decode.csv'} and {args.out / 'decode.json'}", file=sys.stderr)
     return 1 if bad else 0

@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
 
             atomic.write_text(args.csv, pd.DataFrame(rows).to_csv(index=False, lineterminator="\n"))
     except OSError as exc:
-        print(f"kbwork bench: error: could not write {exc.filename!r}: {exc.strerror or exc}", file=sys.stderr)
+        print(f"kbwork: error: could not write {exc.filename!r}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     return 0
 

@@ -149,8 +149,9 @@ def format_suite(result: dict[str, Any]) -> list[str]:
     """The figures as lines of text."""
     lines = [f"{'variant':<8}{'kv_len':>9}{'steady ms':>11}{'full ms':>10}{'x faster':>10}{'period':>8}"]
     for r in result["steady_vs_full"]:
+        period = "-" if r["period_tiles"] is None else r["period_tiles"]  # None: too few tiles for a steady state
         lines.append(f"{r['variant']:<8}{r['kv_len']:>9}{r['steady_s'] * 1e3:>11.1f}{r['full_s'] * 1e3:>10.1f}"
-                     f"{r['speedup']:>10.1f}{r['period_tiles']:>8}")
+                     f"{r['speedup']:>10.1f}{period:>8}")
     c = result["compare"]
     keys = [k for k in c if k.startswith("compare_")]
     lines.append("decode.compare (timing): " + ", ".join(f"{k[8:-3]} tokens {c[k]:.1f} ms" for k in keys)

@@ -3,9 +3,8 @@
 :func:`add_parser` adds the subcommand to the ``kbwork`` command's subparsers
 and :func:`cmd_step` runs it; ``kbwork.cli.main`` is the entry point (with its
 error handling, the same for every subcommand). As everywhere on the command line,
-a malformed argument ends with argparse's usage line and exit status 2, and
-every other mistake with one ``kbwork: error: ...`` line and exit status 2,
-never a traceback.
+every mistake, a malformed argument too, ends with one ``kbwork: error: ...`` line
+and exit status 2, never a traceback.
 
 As on ``kbwork run``, ``--set key=value`` (repeatable) sets one topology key of the device
 (DESIGN.md §15: a step takes topology overrides), e.g. ``--set tcm_bytes=2097152``.
