@@ -37,7 +37,8 @@ from typing import Any, Callable, Iterator, NoReturn
 
 from . import atomic
 from .argtypes import file_path, float_range, int_range, nonnegative_int, positive_int, topology_setting
-from .config import FLOAT_RANGES, MAX_INT, MAX_TCM_BYTES, Topology, apply_settings, load_topology
+from .cliargs import one_or_more_variants, tcm_hint, variant_list
+from .config import FLOAT_RANGES, MAX_INT, Topology, apply_settings, load_topology
 from .errors import KbworkError, TcmOverflowError, ValidationError
 
 
@@ -277,27 +278,20 @@ def _progress(a: argparse.Namespace, phases: list[str]) -> _Phases:
 
 
 def _tcm_hint(a: argparse.Namespace | None) -> str:
-    """What to type for a TCM large enough: the smallest power of two of bytes in which a one-tile timing
-    run of every variant asked for fits (a TCM holds what one tile needs, whatever the tile count)."""
+    """What to type for a TCM large enough (:func:`kbwork.cliargs.tcm_hint`), in the options of the subcommand
+    ``a`` was parsed for."""
     if a is not None and callable(getattr(a, "tcm_hint", None)):
         return a.tcm_hint(a)  # a subcommand with other options (kbwork step) words it in its own
-    generic = " On the command line: --set tcm_bytes=N, or --topology FILE with a larger tcm_bytes."
     if a is None or not hasattr(a, "kv_len"):
-        return generic
-    from . import decode
+        return " On the command line: --set tcm_bytes=N, or --topology FILE with a larger tcm_bytes."
 
-    variants = tuple(getattr(a, "variants", None) or (a.variant,))
-    try:
+    def sizes() -> dict[str, Any]:
         kw = _kwargs(a)
-        now, size = decode.tcm_bytes_that_fit(variants, tile=kw["tile"], group=kw["group"], head_dim=kw["head_dim"],
-                                              topology=kw["topology"], dtype=kw["dtype"],
-                                              **{k: v for k, v in kw.items() if k in _TOPOLOGY_KEYS})
-    except KbworkError:
-        return generic
-    if size is not None:
-        return f" On the command line: --set tcm_bytes={size} (now {now}), or --topology FILE with that tcm_bytes."
-    return (f" No TCM kbwork allows is large enough (the largest is --set tcm_bytes={MAX_TCM_BYTES}); use smaller "
-            f"sizes (--head-dim, --group, --tile).")
+        return dict(tile=kw["tile"], group=kw["group"], head_dim=kw["head_dim"], topology=kw["topology"],
+                    dtype=kw["dtype"], **{k: v for k, v in kw.items() if k in _TOPOLOGY_KEYS})
+
+    return tcm_hint(tuple(getattr(a, "variants", None) or (a.variant,)), sizes, file_flag="--topology",
+                    smaller="smaller sizes (--head-dim, --group, --tile)")
 
 
 def format_comparison(cmp: Any, bounds: dict[str, str] | None = None) -> str:
@@ -354,31 +348,6 @@ def format_comparison(cmp: Any, bounds: dict[str, str] | None = None) -> str:
         lines.append(f"numerics: bound 2 x plain-attention error + 1e-6 = {errs['bound']:.3e} "
                      f"(plain attention in {p['dtype']}: {errs['baseline']:.3e}): {'PASS' if errs['pass'] else 'FAIL'}")
     return "\n".join(lines)
-
-
-def variant_list(text: str, least: int = 2) -> tuple[str, ...]:
-    """An argparse type: ``least`` (default two) or more registered decode variants, comma-separated, none
-    twice."""
-    from .kernels.gqa_decode import VARIANTS
-
-    names = tuple(x.strip() for x in text.split(","))
-    if "" in names:
-        raise argparse.ArgumentTypeError(f"{text!r} has an empty entry; list variants comma-separated, e.g. opt2,opt3")
-    unknown = [x for x in names if x not in VARIANTS]
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
-    if len(names) < least or len(set(names)) != len(names):
-        many = "two or more different variants" if least == 2 else "one or more different variants"
-        raise argparse.ArgumentTypeError(f"expected {many}, comma-separated (e.g. opt2,opt3,a1), got {text!r}")
-    return names
-
-
-def one_or_more_variants(text: str) -> tuple[str, ...]:
-    """An argparse type: one or more registered decode variants, comma-separated, none twice."""
-    return variant_list(text, least=1)
-
-
-one_or_more_variants.__name__ = "variants"
 
 
 #: ``--gantt-tiles all``.

@@ -48,6 +48,8 @@ PE_DIR = PACKAGE_DIR / "pe"
 #: * ``golden`` and ``layering`` rank with what users touch: ``golden`` runs the benches and decode to
 #:   write ``data/golden/`` for ``kbwork golden``; ``layering`` reads every module's source and the
 #:   recipe registry, and only tests and notebooks import it.
+#: * ``cliargs`` ranks with ``decode``: the ``--variants`` type and the TCM hint that ``cli`` and
+#:   ``model/cli.py`` share; the hint sizes a TCM by running decode (``decode.tcm_bytes_that_fit``).
 #: * ``__main__``, the ``kbwork`` command's entry point, ranks above ``bench/``: it routes
 #:   ``kbwork bench`` to the benchmark and every other subcommand to ``cli``.
 RANKS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -60,7 +62,7 @@ RANKS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("sim", ("sim", "kbwork")),
     ("analysis", ("analysis",)),
     ("kernels", ("kernels",)),
-    ("decode", ("decode",)),
+    ("decode", ("decode", "cliargs")),
     ("model", ("model",)),
     ("what users touch", ("plots", "widgets", "model_panel", "cli", "golden", "layering")),
     ("bench", ("bench",)),

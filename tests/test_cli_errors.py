@@ -40,6 +40,10 @@ def _cli(argv, capsys):
     (["step", "--batch", "0"], "argument --batch: expected a positive integer, got 0"),
     (["step", "--set", "tcm_bytes"], "argument --set: expected key=value with a topology key"),
     (["step", "--bogus"], "unrecognized arguments: --bogus"),
+    # one --variants type for every command line: the same refusal in the same words
+    (["explain", "--variants", "opt2,,a1"], "argument --variants: 'opt2,,a1' has an empty entry"),
+    (["step", "--variants", "opt2,,a1"], "argument --variants: 'opt2,,a1' has an empty entry"),
+    (["step", "--variants", "a1,a1"], "argument --variants: expected one or more different variants"),
     (["bench", "--suite", "devic"], "did you mean 'device'?"),
     (["bench", "--kv-lens", "x"], "argument --kv-lens: expected"),
     (["bench", "--suite", "loops", "--kv-lens", "4096"], "--kv-lens does not apply to --suite loops"),

@@ -39,6 +39,8 @@ def test_the_ranks_are_designs_order():
     assert {r(f"kbwork.{m}") for m in ("plots", "widgets", "cli", "golden", "layering")} == {r("kbwork.cli")}
     assert r("kbwork") == r("kbwork.sim")  # the package root re-exports the simulator's surface
     assert r("kbwork.__main__") > r("kbwork.bench")  # the command's entry point routes `kbwork bench`
+    # the command lines' shared helpers run decode and serve model/'s command line: decode's rank
+    assert r("kbwork.cliargs") == r("kbwork.decode") < r("kbwork.model.cli")
 
 
 def test_every_ranked_name_is_a_module_or_package_and_is_ranked_once():

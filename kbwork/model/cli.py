@@ -20,6 +20,8 @@ import json
 from typing import Any
 
 from ..argtypes import nonnegative_float, positive_int, topology_setting
+from ..cliargs import one_or_more_variants
+from ..cliargs import tcm_hint as shared_tcm_hint
 from ..config import apply_settings
 from ..errors import ConfigError, KbworkError, ValidationError
 
@@ -55,26 +57,18 @@ def topology_overrides(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def tcm_hint(a: argparse.Namespace) -> str:
-    """What ``kbwork step`` can type for a TCM large enough, to follow a TCM overflow's message: the smallest
-    power of two of bytes in which one tile of every variant asked for fits (a TCM holds what one tile
-    needs, whatever the context), in the options ``kbwork step`` has."""
-    from .. import decode
-    from ..config import MAX_TCM_BYTES
+    """What ``kbwork step`` can type for a TCM large enough, to follow a TCM overflow's message
+    (:func:`kbwork.cliargs.tcm_hint`, in the options ``kbwork step`` has: ``--tile``, ``--device``)."""
     from .device import load_device
     from .files import load_model
 
-    generic = " On the command line: --set tcm_bytes=N, a smaller --tile, or --device FILE with a larger tcm_bytes."
-    try:
+    def sizes() -> dict[str, Any]:
         m = load_model(a.model)
-        now, size = decode.tcm_bytes_that_fit(a.variants, tile=a.tile, group=m.group, head_dim=m.head_dim,
-                                              topology=load_device(a.device, **topology_overrides(a)).pe)
-    except KbworkError:
-        return generic
-    if size is not None:
-        return (f" On the command line: --set tcm_bytes={size} (now {now}), a smaller --tile, or --device FILE "
-                f"with that tcm_bytes.")
-    return (f" No TCM kbwork allows is large enough (the largest is --set tcm_bytes={MAX_TCM_BYTES}); use a "
-            f"smaller --tile.")
+        return dict(tile=a.tile, group=m.group, head_dim=m.head_dim,
+                    topology=load_device(a.device, **topology_overrides(a)).pe)
+
+    return shared_tcm_hint(a.variants, sizes, file_flag="--device", also=", a smaller --tile",
+                           smaller="a smaller --tile")
 
 
 def context_list(text: str) -> tuple[int, ...]:
@@ -96,23 +90,6 @@ def context_list(text: str) -> tuple[int, ...]:
 context_list.__name__ = "contexts"
 
 
-def variant_list(text: str) -> tuple[str, ...]:
-    """An argparse type: one or more registered decode variants, comma-separated, none twice."""
-    from ..kernels.gqa_decode import VARIANTS
-
-    names = tuple(x.strip() for x in text.split(",") if x.strip())
-    unknown = [x for x in names if x not in VARIANTS]
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
-    if not names or len(set(names)) != len(names):
-        raise argparse.ArgumentTypeError(f"expected one or more different variants, comma-separated "
-                                         f"(e.g. opt2,opt3,a1), got {text!r}")
-    return names
-
-
-variant_list.__name__ = "variants"
-
-
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``step`` to ``subparsers`` (what ``ArgumentParser.add_subparsers()`` returned)."""
     from .schedule import SCHEDULES
@@ -126,7 +103,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="sequences in the batch (default 1, or the length of a --context list)")
     s.add_argument("--context", type=context_list, default=(8192,),
                    help="KV length of every sequence, or a comma list, one per sequence (default 8192)")
-    s.add_argument("--variants", type=variant_list, default=DEFAULT_VARIANTS,
+    s.add_argument("--variants", type=one_or_more_variants, default=DEFAULT_VARIANTS,
                    help=f"decode variants on the device, comma-separated (default {','.join(DEFAULT_VARIANTS)})")
     s.add_argument("--placement", default="both", choices=PLACEMENT_CHOICES,
                    help="attention on the AHBM device, on the host alone, or both (default both)")
