@@ -81,5 +81,6 @@ def tcm_hint(variants: Sequence[str], sizes: Callable[[], Mapping[str, Any]], *,
     except KbworkError:
         return f" On the command line: --set tcm_bytes=N{also}, or {file_flag} FILE with a larger tcm_bytes."
     if size is not None:
-        return f" On the command line: --set tcm_bytes={size} (now {now}){also}, or {file_flag} FILE with that tcm_bytes."
+        return (f" On the command line: --set tcm_bytes={size} (now {now}){also}, or {file_flag} FILE with that "
+                f"tcm_bytes.")
     return f" No TCM kbwork allows is large enough (the largest is --set tcm_bytes={MAX_TCM_BYTES}); use {smaller}."

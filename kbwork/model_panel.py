@@ -32,7 +32,7 @@ from .model.schedule import SCHEDULES
 from .model.steps import _check_choice, cases
 from .plots import VARIANT_COLORS
 from .plots.model import BOUND_FORMULAS, BOUND_NAMES, BOUND_STYLE, HOST_COLOR, case_label, context_label
-from .widgets import error_box_html
+from .widgets import error_box_html, sync_controls
 
 #: The controls, in the order :attr:`StepPanel.values` lists them.
 CONTROLS = ("model", "batch", "context", "channel_bytes_per_cycle", "pes_per_channel", "fixed_cycles")
@@ -301,23 +301,9 @@ class StepPanel:
 
     # --- the widgets ---------------------------------------------------------------------------
     def _sync_controls(self, names: Any) -> None:
-        self._quiet = True
-        try:
-            for name in names:
-                ctl = self._widgets.get(name)
-                if ctl is None:
-                    continue
-                value = self.values[name]
-                if hasattr(ctl, "options"):
-                    pairs = [o if isinstance(o, tuple) else (str(o), o) for o in ctl.options]
-                    if value not in [val for _, val in pairs]:
-                        label = context_label(value) if name == "context" else str(value)
-                        ctl.options = sorted([*pairs, (label, value)], key=lambda o: (str(type(o[1])), o[1]))
-                elif hasattr(ctl, "max") and value > ctl.max:
-                    ctl.max = value
-                ctl.value = value
-        finally:
-            self._quiet = False
+        """Move the named controls to :attr:`values` without running another step (a context the dropdown
+        lacks is labelled as the others are, ``4k``)."""
+        sync_controls(self, names, label=lambda name, value: context_label(value) if name == "context" else str(value))
 
     def _on_change(self, name: str, change: dict[str, Any]) -> None:
         if self._quiet:

@@ -21,7 +21,7 @@ import io
 import numbers
 import threading
 import time
-from typing import Any
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import pandas as pd
@@ -129,6 +129,43 @@ def error_box_html(action: str, error: str, showing: str) -> str:
     return (f"<div style='font-family:monospace;line-height:1.35;color:{_FAIL};border:1px solid {_FAIL};"
             f"padding:4px 8px'><b>could not {action} this setting</b>: {html.escape(error)}<br>"
             f"still showing the last one that could: {html.escape(showing)}</div>")
+
+
+def sync_controls(panel: Any, names: Iterable[str], label: Callable[[str, Any], str] | None = None) -> None:
+    """Move a panel's named controls to its values without asking for another run: what both panels
+    (:class:`CalibrationPanel`, :class:`kbwork.model_panel.StepPanel`) do after an :meth:`update`.
+
+    ``panel._widgets`` holds the controls by name (none before the panel is shown) and ``panel.values`` the
+    values; ``panel._quiet`` is True while the controls move, so the panel's change handler, which reads it,
+    does not run again for a change it made itself. A dropdown that lacks the value gains it among its
+    options (labelled ``label(name, value)`` where its options are ``(label, value)`` pairs; kept in order);
+    a slider whose maximum is below the value has its maximum raised to it.
+
+    Raises:
+        KeyError: a name the panel has no value for (a programming error).
+    """
+    label = label or (lambda _name, value: str(value))
+    panel._quiet = True
+    try:
+        for name in names:
+            ctl = panel._widgets.get(name)
+            if ctl is None:
+                continue
+            value = panel.values[name]
+            if hasattr(ctl, "options"):
+                options = list(ctl.options)
+                if any(isinstance(o, tuple) for o in options):  # (label, value) pairs
+                    pairs = [o if isinstance(o, tuple) else (str(o), o) for o in options]
+                    if value not in [v for _, v in pairs]:
+                        ctl.options = sorted([*pairs, (label(name, value), value)],
+                                             key=lambda o: (str(type(o[1])), o[1]))
+                elif value not in options:
+                    ctl.options = sorted({*options, value}, key=lambda o: (str(type(o)), o))
+            elif hasattr(ctl, "max") and value > ctl.max:
+                ctl.max = value
+            ctl.value = value
+    finally:
+        panel._quiet = False
 
 
 class CalibrationPanel:
@@ -487,20 +524,7 @@ class CalibrationPanel:
 
     def _sync_controls(self, names: Any) -> None:
         """Move the named controls to :attr:`values` without asking for another simulation."""
-        self._quiet = True
-        try:
-            for name in names:
-                ctl = self._widgets.get(name)
-                if ctl is None:
-                    continue
-                value = self.values[name]
-                if hasattr(ctl, "options") and value not in ctl.options:
-                    ctl.options = sorted({*ctl.options, value})
-                elif hasattr(ctl, "max") and value > ctl.max:
-                    ctl.max = value
-                ctl.value = value
-        finally:
-            self._quiet = False
+        sync_controls(self, names)
 
     def _on_change(self, name: str, change: dict[str, Any]) -> None:
         if not self._quiet:
