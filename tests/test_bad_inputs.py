@@ -273,7 +273,7 @@ DECODE_CASES = [
                  r"scheduler address string, got 3\.5", id="sweep-client-float"),
     pytest.param(_sweep(kv_len=[256], resume=True), ValidationError, r"sweep: resume=True continues the sweep "
                  r"recorded in out=, but no out= is given", id="sweep-resume-without-out"),
-    pytest.param(lambda: kbwork.analysis.gate(float("nan"), 1), ValidationError, r"gate: opt3_cycles=nan is not a "
+    pytest.param(lambda: kbwork.analysis.gate(float("nan"), 1), ValidationError, r"gate: candidate_cycles=nan is not a "
                  r"number", id="gate-nan"),
     pytest.param(_run(q=np.full((8, 64), 1e5), k=_KV, v=_KV, dtype="fp16"), ValidationError,
                  r"decode\.run: q holds values up to 1e\+05, which overflow fp16 \(largest finite 6\.55e\+04\)",
@@ -985,7 +985,7 @@ ANALYSIS_CASES = [
     pytest.param(lambda r: kbwork.analysis.channels_over_time(r, bins=[0, 1e30]),
                  r"channels_over_time: bins=\[0, 1e\+30\].*up to at most 2\*\*62", id="channels-over-time-huge-edge"),
     pytest.param(lambda r: kbwork.analysis.ratio_grid(60, [60], [40], [0.1]),
-                 r"ratio_grid: bytes_opt2=60 must be a list", id="ratio-grid-scalar"),
+                 r"ratio_grid: baseline_bytes=60 must be a list", id="ratio-grid-scalar"),
 ]
 
 

@@ -1677,7 +1677,7 @@ def gate_map(grid: pd.DataFrame, ax: plt.Axes | None = None, threshold: float = 
     """
     where = "gate_map"
     _check_table(grid, "grid", where, "analysis.ratio_grid(...)", "FIXED rows, R columns, dispatch ratios",
-                 "pass analysis.ratio_grid(bytes_opt2, bytes_opt3, fixed_values, r_values)", labels=True)
+                 "pass analysis.ratio_grid(baseline_bytes, candidate_bytes, fixed_values, r_values)", labels=True)
     _check_positive(threshold, "threshold", where, "the dispatch ratio whose contour is drawn, e.g. 2.0",
                     optional=False)
     _check_ax(ax, where)
