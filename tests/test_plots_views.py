@@ -307,9 +307,11 @@ def test_the_cli_gantt_draws_utilization_when_the_tiles_hold_more_stages_than_pi
                                                                                     monkeypatch):
     from kbwork.cli import main
 
+    from kbwork.plots import gantts  # where gantt_or_utilization finds it
+
     calls = []
     orig = plots.utilization_over_time
-    monkeypatch.setattr(plots, "utilization_over_time", lambda *a, **k: calls.append(1) or orig(*a, **k))
+    monkeypatch.setattr(gantts, "utilization_over_time", lambda *a, **k: calls.append(1) or orig(*a, **k))
     path = tmp_path / "long.png"
     argv = ["run", "--variant", "opt3", "--kv-len", "32768", "--mode", "timing", "--gantt", str(path)]
     assert main(argv) == 0
