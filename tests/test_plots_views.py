@@ -615,6 +615,19 @@ def test_a_gantt_denser_than_its_pixels_warns_and_leaves_out_what_would_blacken_
     assert _by_gid(ax, "critical-path") and _by_gid(ax, "holds")
 
 
+def test_gate_map_draws_its_contour_when_the_grid_holds_fixed_0_and_r_0(cmp3):
+    """FIXED 0, R 0 dispatches nothing: the ratio there is NaN, and the white line is still drawn through the
+    other cells (notebook 03's grid starts at that corner)."""
+    grid = analysis.ratio_grid(cmp3.opt2.command_bytes_per_tile, cmp3.opt3.command_bytes_per_tile,
+                               fixed_values=np.arange(0, 101, 10), r_values=np.arange(9) * 0.125)
+    assert np.isnan(grid.loc[0, 0.0]) and np.nanmin(grid) < 2 < np.nanmax(grid)
+    for g in (grid, grid.drop(index=0)):
+        (line,) = [c for c in plots.gate_map(g).collections if c.get_gid() == "threshold"]
+        assert len(line.get_paths()) and line.get_paths()[0].vertices.size
+    assert not [c for c in plots.gate_map(grid, threshold=50).collections if c.get_gid() == "threshold"]
+    plt.close("all")
+
+
 def test_gate_map_lays_itself_out_and_labels_its_star_from_mark(cmp3):
     grid = analysis.ratio_grid(cmp3.opt2.command_bytes_per_tile, cmp3.opt3.command_bytes_per_tile,
                                fixed_values=np.arange(0, 101, 10), r_values=np.arange(9) * 0.125)

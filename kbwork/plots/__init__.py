@@ -10,7 +10,8 @@ Artists the tests (and anyone styling a figure) look for carry a ``gid``:
 ``stages:<unit>:<hatch>`` (the hatched stages of one unit, e.g. V tiles),
 ``holds`` (one segment per hazard hold), ``critical-path`` (one outline per
 critical-path stage), ``critical-path-links`` (one segment per change of
-unit along the path) and ``winners`` (the image of each winner-map panel).
+unit along the path), ``winners`` (the image of each winner-map panel) and
+``threshold`` (the gate map's contour).
 
 One palette everywhere: a stage kind, an engine, a critical-path cause and a
 decode variant each have their colour (:data:`STAGE_COLORS`,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 
 from ..errors import ValidationError
@@ -122,7 +123,9 @@ def gate_map(grid: pd.DataFrame, ax: plt.Axes | None = None, threshold: float = 
     with its values (and "default" when it is the default topology's).
 
     Returns:
-        The Axes (of a new constrained-layout figure when ``ax`` is None).
+        The Axes (of a new constrained-layout figure when ``ax`` is None). The contour (gid ``threshold``) runs
+        through the finite ratios, and is drawn whenever they cross ``threshold``: the cell where neither
+        variant dispatches anything (FIXED 0, R 0) is NaN and is left blank.
 
     Raises:
         ValidationError: ``grid`` is not a non-empty ratio grid (numbers, FIXED rows, R columns; an op_log
@@ -148,8 +151,12 @@ def gate_map(grid: pd.DataFrame, ax: plt.Axes | None = None, threshold: float = 
     z = grid.to_numpy(float)
     mesh = ax.pcolormesh(r, f, z, shading="nearest", cmap="viridis")
     ax.figure.colorbar(mesh, ax=ax, label="dispatch ratio opt3 / opt2")
-    if z.min() < threshold < z.max():
-        cs = ax.contour(r, f, z, levels=[threshold], colors="white", linewidths=2)
+    # a ratio is NaN where neither variant dispatches anything (FIXED 0, R 0) and inf where only the baseline
+    # does not: the contour runs through the finite cells, and is drawn whenever they cross the threshold
+    finite = z[np.isfinite(z)]
+    if finite.size and finite.min() < threshold < finite.max():
+        cs = ax.contour(r, f, np.ma.masked_invalid(z), levels=[threshold], colors="white", linewidths=2)
+        cs.set_gid("threshold")
         ax.clabel(cs, fmt=lambda v: f"ratio = {v:g}", fontsize=8)
     if mark is not None:
         from ..config import load_topology
