@@ -170,28 +170,31 @@ class KeyTable:
             if key.choices and v not in key.choices:
                 raise ConfigError(f"{label} is {v!r}; use one of {', '.join(key.choices)}.")
             return v
+        given = v
         if key.kind is int:
             v = self._int(key, label, v)
         else:
             v = self._float(key, label, v)
             if math.isinf(v):
                 return v
+        # a topology message shows the value as written (0, not 0.0); a host's as it holds it
+        shown = _num(given if self.what == "topology" and isinstance(given, (int, float)) else v)
         if v < 0:
-            raise ConfigError(f"{label} is {_num(v)}; it cannot be negative." if self.what == "topology" else
-                              f"{label} is {_num(v)}; it must be {self._sign_word(key)}.")
+            raise ConfigError(f"{label} is {shown}; it cannot be negative." if self.what == "topology" else
+                              f"{label} is {shown}; it must be {self._sign_word(key)}.")
         if v == 0:
             if key.zero:
                 return v
             suffix = " (a zero bandwidth, size or clock makes no machine)" if self.what == "topology" else ""
-            raise ConfigError(f"{label} is {_num(v)}; it must be {self._sign_word(key)}{suffix}.")
+            raise ConfigError(f"{label} is {shown}; it must be {self._sign_word(key)}{suffix}.")
         if v > key.high and key.bound_text:
-            raise ConfigError(f"{label} is {_num(v)}; it is {key.bound_text}, at most {_g(key.high)}.")
+            raise ConfigError(f"{label} is {shown}; it is {key.bound_text}, at most {_g(key.high)}.")
         if key.kind is int and v > key.high:
-            raise ConfigError(f"{label} is {_num(v)}; the largest value kbwork accepts is {int(key.high)}"
+            raise ConfigError(f"{label} is {shown}; the largest value kbwork accepts is {int(key.high)}"
                               f"{'' if _bound(key.high) == str(int(key.high)) else f' ({_bound(key.high)})'}"
                               f"{self._unit(key)}.")
         if v > key.high or v < key.low:
-            raise ConfigError(f"{label} is {_num(v)}; it must lie between {_g(key.low)} and {_g(key.high)}"
+            raise ConfigError(f"{label} is {shown}; it must lie between {_g(key.low)} and {_g(key.high)}"
                               f"{self._unit(key)}.")
         return v
 
@@ -208,8 +211,11 @@ class KeyTable:
             return int(v)
         if isinstance(v, float) and v.is_integer():
             return int(v)
-        need = "a non-negative integer" if key.zero else "a positive integer"
-        raise ConfigError(f"{label} must be {need}{f' ({key.unit})' if key.unit else ''}, got {describe(v)}.")
+        if self.what == "topology":
+            need = f"an integer number of {key.unit}" if key.unit else "an integer"
+        else:
+            need = "a non-negative integer" if key.zero else "a positive integer"
+        raise ConfigError(f"{label} must be {need}, got {describe(v)}.")
 
     def _float(self, key: Key, label: str, v: Any) -> float:
         if isinstance(v, bool) or not isinstance(v, numbers.Real) or math.isnan(v) or \
