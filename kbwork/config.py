@@ -66,6 +66,20 @@ class Topology:
         v = self.channel_bytes_per_cycle
         return None if math.isinf(v) else exact_fraction(v)
 
+    @property
+    def alone_rate(self) -> Fraction:
+        """The DMA rule's rate of a transfer alone on its channel (DESIGN.md §14): ``min(dma_bytes_per_cycle,
+        channel_bytes_per_cycle)`` bytes per cycle, exact (the channel's as written). While k flows share a
+        channel each advances ``min(dma_bytes_per_cycle, channel_bytes_per_cycle / k)``; alone, k = 1."""
+        ch = self.channel_fraction
+        dma = Fraction(self.dma_bytes_per_cycle)
+        return dma if ch is None or ch >= dma else ch
+
+    def dma_alone_cycles(self, nbytes: int) -> int:
+        """A DMA transfer of ``nbytes`` alone on its channel: ``dma_base_cycles + ceil(nbytes / alone_rate)``."""
+        rate = self.alone_rate
+        return self.dma_base_cycles + -(-nbytes * rate.denominator // rate.numerator)
+
     def home_channel(self, pe: int) -> int:
         """PE ``pe``'s home channel: ``pe // (pes / hbm_channels)`` (DESIGN.md §14).
 
