@@ -161,6 +161,18 @@ def test_the_docs_set_examples_run_in_either_order(capsys):
         assert all(device[k] == float(v) for k, v in (s.split("=") for s in sets))
 
 
+def test_the_readme_set_example_runs_in_either_order(capsys):
+    readme = (DOCS.parent / "README.md").read_text(encoding="utf-8")
+    (example,) = re.findall(r"`(--set \S+ --set \S+)`", readme)
+    sets = shlex.split(example)[1::2]
+    outs = []
+    for order in (sets, sets[::-1]):
+        argv = ["compare", "--kv-len", "512", "--mode", "timing", *[x for s in order for x in ("--set", s)], "--json"]
+        assert main(argv) == 0
+        outs.append(json.loads(capsys.readouterr().out))
+    assert outs[0] == outs[1]
+
+
 def test_an_invalid_pair_on_the_command_line_names_both(capsys):
     argv = ["step", "--context", "1024", "--set", "pes=8", "--set", "hbm_channels=3"]
     assert main(argv) == 2
