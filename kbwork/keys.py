@@ -91,6 +91,19 @@ class Key:
         return text + (", or inf" if self.inf else "")
 
 
+def _plainly_fine(key: Key, v: Any) -> bool:
+    """Whether ``v`` is already what key ``key`` holds and in its range (a plain int, float or str)."""
+    t = type(v)
+    if t is int:
+        return key.kind is int and (key.low <= v <= key.high and v >= 1 or v == 0 and key.zero)
+    if t is float:
+        return key.kind is float and (0 < v <= key.high and v >= key.low or v == 0 and key.zero
+                                      or v == math.inf and key.inf)
+    if t is str:
+        return key.kind is str and v != "" and (not key.choices or v in key.choices)
+    return False
+
+
 def _g(x: float) -> str:
     return f"{x:g}"
 
@@ -160,7 +173,10 @@ class KeyTable:
                 outside the row's range; the message names the key and the range, not where it came from
                 (the caller prefixes that).
         """
-        key, label = self.by_name[name], f"{self.what} key {name!r}"
+        key = self.by_name[name]
+        if _plainly_fine(key, v):  # the common case, without building a message
+            return v
+        label = f"{self.what} key {name!r}"
         if key.kind is str:
             allowed = f"; use one of {', '.join(key.choices)}" if key.choices else ""
             if not isinstance(v, str):
