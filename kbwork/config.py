@@ -15,14 +15,14 @@ import numbers
 import os
 import stat
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import field
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from . import keys as _keys
 from .errors import ConfigError, ValidationError
-from .keys import MAX_INT, MAX_PES, MAX_TCM_BYTES
+from .keys import MAX_INT, MAX_PES, MAX_TCM_BYTES  # noqa: F401 (their home was here: cli and decode read them)
 
 #: The repository's ``data/`` folder (the package is installed editable).
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
 import numbers
 import os
 from collections.abc import Mapping
