@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterator, NoReturn
 from . import atomic
 from .argtypes import file_path, float_range, int_range, nonnegative_int, positive_int, topology_setting
 from .cliargs import one_or_more_variants, tcm_hint, variant_list
-from .config import FLOAT_RANGES, MAX_INT, Topology, apply_settings, load_topology
+from .config import Topology, apply_settings, key_range, load_topology
 from .errors import KbworkError, TcmOverflowError, ValidationError
 
 
@@ -163,9 +163,9 @@ def _sim_options(p: argparse.ArgumentParser, mode: str = "data") -> None:
     g.add_argument("--set", action="append", default=[], type=topology_setting, metavar="KEY=VALUE",
                    dest="settings", help="set one topology key, e.g. --set tcm_bytes=2097152 or --set "
                                          "dma_channels=2 (repeatable; any key of the topology file)")
-    g.add_argument("--fixed", type=int_range(0, MAX_INT), default=None,
+    g.add_argument("--fixed", type=int_range(*key_range("fixed_cycles")), default=None,
                    help="dispatch FIXED cycles (default: topology)")
-    g.add_argument("--r", type=float_range(0.0, FLOAT_RANGES["r_cycles_per_byte"][1]), default=None,
+    g.add_argument("--r", type=float_range(*key_range("r_cycles_per_byte")), default=None,
                    help="dispatch R cycles/byte (default: topology)")
     g.add_argument("--hazard-policy", default=None, choices=["strict_fifo", "rw_aware"],
                    help="hazard policy (default: topology, strict_fifo)")

@@ -15,12 +15,14 @@ import numbers
 import os
 import stat
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import field
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
+from . import keys as _keys
 from .errors import ConfigError, ValidationError
+from .keys import MAX_INT, MAX_PES, MAX_TCM_BYTES  # noqa: F401 (their home was here: cli and decode read them)
 
 #: The repository's ``data/`` folder (the package is installed editable).
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
@@ -30,48 +32,19 @@ DEFAULT_TOPOLOGY = "ahbm-pe-v1"
 _BUILTIN_PATHS: dict[str, Path] = ({p.stem: p.resolve() for p in sorted(TOPOLOGY_DIR.glob("*.toml"))}
                                    if TOPOLOGY_DIR.is_dir() else {})
 
-HAZARD_POLICIES = ("strict_fifo", "rw_aware")
+HAZARD_POLICIES = _keys.TOPOLOGY.by_name["hazard_policy"].choices
 
 
-@dataclass(frozen=True)
+@_keys.key_fields(lambda: _keys.TOPOLOGY)
 class Topology:
-    """The simulated machine. All times in cycles; see DESIGN.md §1 and §4."""
+    """The simulated machine. All times in cycles; see DESIGN.md §1 and §4.
+
+    Its fields are ``name``, then one per row of :data:`kbwork.keys.TOPOLOGY` (every topology key, with its
+    default, in the table's order: ``clock_ghz``, ``fixed_cycles``, ... ``pes``, ``hbm_channels``,
+    ``channel_bytes_per_cycle``, ``hbm_gib``), then ``source``; frozen.
+    """
 
     name: str = DEFAULT_TOPOLOGY
-    clock_ghz: float = 1.25
-    # dispatch (PE_CPU)
-    fixed_cycles: int = 40
-    r_cycles_per_byte: float = 0.0625
-    max_composite_logical_bytes: int = 1024
-    cmd_queue_depth: int = 8
-    # PE_SCHEDULER
-    plan_base_cycles: int = 8
-    plan_cycles_per_op: int = 2
-    hazard_policy: str = "strict_fifo"
-    # PE_DMA
-    dma_base_cycles: int = 200
-    dma_bytes_per_cycle: int = 64
-    dma_channels: int = 1
-    # PE_GEMM
-    fetch_bytes_per_cycle: int = 128
-    gemm_base_cycles: int = 16
-    mac_rows: int = 32
-    mac_cols: int = 32
-    tile_m: int = 32
-    tile_n: int = 128
-    tile_k: int = 128
-    tile_buffers: int = 2
-    # PE_MATH
-    math_base_cycles: int = 8
-    math_elements_per_cycle: int = 64
-    math_cost_exp: int = 4
-    math_cost_other: int = 1
-    # memory
-    tcm_bytes: int = 1 << 20
-    # the device (DESIGN.md §14)
-    pes: int = 1
-    hbm_channels: int = 1
-    channel_bytes_per_cycle: float = math.inf
     source: str = field(default="<defaults>", compare=False)
 
     def __post_init__(self) -> None:
@@ -92,6 +65,20 @@ class Topology:
         unconstrained (``inf``)."""
         v = self.channel_bytes_per_cycle
         return None if math.isinf(v) else exact_fraction(v)
+
+    @property
+    def alone_rate(self) -> Fraction:
+        """The DMA rule's rate of a transfer alone on its channel (DESIGN.md §14): ``min(dma_bytes_per_cycle,
+        channel_bytes_per_cycle)`` bytes per cycle, exact (the channel's as written). While k flows share a
+        channel each advances ``min(dma_bytes_per_cycle, channel_bytes_per_cycle / k)``; alone, k = 1."""
+        ch = self.channel_fraction
+        dma = Fraction(self.dma_bytes_per_cycle)
+        return dma if ch is None or ch >= dma else ch
+
+    def dma_alone_cycles(self, nbytes: int) -> int:
+        """A DMA transfer of ``nbytes`` alone on its channel: ``dma_base_cycles + ceil(nbytes / alone_rate)``."""
+        rate = self.alone_rate
+        return self.dma_base_cycles + -(-nbytes * rate.denominator // rate.numerator)
 
     def home_channel(self, pe: int) -> int:
         """PE ``pe``'s home channel: ``pe // (pes / hbm_channels)`` (DESIGN.md §14).
@@ -127,12 +114,28 @@ class Topology:
                 f"TCM={self.tcm_bytes} B, hazards={self.hazard_policy})")
 
 
-_FIELDS = {f.name: f for f in dataclasses.fields(Topology) if f.name != "source"}
-_INT_KEYS = {n for n, f in _FIELDS.items() if f.type == "int"}
-_FLOAT_KEYS = {n for n, f in _FIELDS.items() if f.type == "float"}
-# Keys whose value may be zero (a free dispatch, say); every other number must be > 0.
-_MAY_BE_ZERO = {"fixed_cycles", "r_cycles_per_byte", "plan_base_cycles", "plan_cycles_per_op",
-                "dma_base_cycles", "gemm_base_cycles", "math_base_cycles"}
+def sweepable_keys() -> tuple[str, ...]:
+    """The topology keys a sweep may vary (the topology axes of ``decode.sweep`` and ``model.sweep``), in the key
+    table's order (:data:`kbwork.keys.TOPOLOGY`)."""
+    return _keys.TOPOLOGY.sweepable
+
+
+def planned_keys() -> tuple[str, ...]:
+    """The topology keys a plan template can depend on, so they key the plan cache (the rest act in the
+    scheduler's loop and the timeline, or are capacities no plan reads)."""
+    return _keys.TOPOLOGY.planned
+
+
+def key_range(key: str) -> tuple[Any, Any]:
+    """``(least value, largest value)`` of a numeric topology key, 0 where it may be 0 (ints for an int key):
+    what the command line's flag for it takes.
+
+    Raises:
+        KeyError: no such topology key.
+    """
+    row = _keys.TOPOLOGY.by_name[key]
+    low = 0 if row.zero else (max(1, math.ceil(row.low)) if row.kind is int else row.low)
+    return (int(low), int(row.high)) if row.kind is int else (float(low), float(row.high))
 
 
 def exact_fraction(x: float | int | Fraction) -> Fraction:
@@ -148,8 +151,9 @@ def setting_value(key: str, text: str) -> Any:
     Raises:
         ConfigError: text that is not a number where the key takes one, naming ``--set key=text``.
     """
-    kind = _FIELDS[key].type if key in _FIELDS else "str"
-    if kind == "int":
+    row = _keys.TOPOLOGY.by_name.get(key)
+    kind = row.kind if row is not None else str
+    if kind is int:
         try:
             return int(text)
         except ValueError:
@@ -161,7 +165,7 @@ def setting_value(key: str, text: str) -> Any:
         if value.is_integer():  # 2e6
             return int(value)
         raise ConfigError(f"--set {key}={text}: {key} takes a whole number, got {text!r}.")
-    if kind == "float":
+    if kind is float:
         try:
             return float(text)
         except ValueError:
@@ -173,112 +177,83 @@ def apply_settings(topo: Any, settings: Iterable[tuple[str, str]],
                    flags: Mapping[str, tuple[str, Any]] | None = None,
                    refuse: Callable[[str, str], None] | None = None) -> dict[str, Any]:
     """The topology keys a command line sets: ``flags`` (key -> (the flag, its value), e.g. ``--fixed 80``)
-    and then every ``--set key=text`` of ``settings`` in order, each checked against ``topo`` as it comes,
-    so an error names what set it. ``topo`` is a :class:`Topology` (or anything with its ``replace``, as
-    ``kbwork.model.Device``). ``refuse(key, text)``, if given, may refuse a key first (a command's own
-    reason).
+    and every ``--set key=text`` of ``settings``. Each value is checked alone as it comes (its key known, its
+    type and range), then all of them are applied to ``topo`` together and the whole is validated once, so
+    the order of ``--set`` does not matter (``--set pes=8 --set hbm_channels=2`` on a 96-channel device works
+    either way) and an error names what set each key at fault. ``topo`` is a :class:`Topology` (or anything
+    with its ``replace``, as ``kbwork.model.Device``). ``refuse(key, text)``, if given, may refuse a key first
+    (a command's own reason). ``name`` is not a setting: it names the topology.
 
     Returns:
         ``key -> value``.
 
     Raises:
         ValidationError: a key set twice (by a flag and ``--set``, or by two ``--set``).
-        ConfigError: an unknown key or a bad value, naming ``--set key=text``.
+        ConfigError: an unknown key, ``name``, a bad value (naming ``--set key=text``), or keys that do not
+            go together (naming every one of them the command line set).
     """
     overrides: dict[str, Any] = {}
     given: dict[str, str] = {}
     for key, (flag, value) in (flags or {}).items():
         overrides[key], given[key] = value, f"{flag} {value}"
     for key, text in settings:
+        where = f"--set {key}={text}"
         if key in given:
-            raise ValidationError(f"--set {key}={text}: {key} is already set by {given[key]}; give it once.")
+            raise ValidationError(f"{where}: {key} is already set by {given[key]}; give it once.")
         if refuse is not None:
             refuse(key, text)
-        overrides[key], given[key] = setting_value(key, text), f"--set {key}={text}"
+        if key == "name":
+            raise ConfigError(f"{where}: name is not a setting; it names the topology (its file). To describe "
+                              f"another machine, copy the topology's TOML file, change what differs (its name "
+                              f"too) and pass its path.")
         try:
-            topo = topo.replace(**{key: overrides[key]})
+            _check_keys({key: None}, where="--set")
         except ConfigError as exc:
-            raise ConfigError(f"--set {key}={text}: {exc}") from None
+            raise ConfigError(f"{where}: {exc}") from None
+        overrides[key], given[key] = setting_value(key, text), where
+        try:
+            _keys.TOPOLOGY.check(key, overrides[key])
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    try:
+        topo.replace(**overrides)
+    except ConfigError as exc:
+        at_fault = [given[k] for k in getattr(exc, "keys", ()) if k in given] or list(given.values())
+        raise ConfigError(f"{', '.join(at_fault)}: {exc}") from None
     return overrides
 
 
 def _check_keys(d: dict[str, Any], where: str) -> None:
+    table = _keys.TOPOLOGY
     for key in d:
-        if key not in _FIELDS:
-            close = difflib.get_close_matches(key, list(_FIELDS), n=3)
+        if key not in table and key != "name":
+            known = ["name", *table.names]
+            close = difflib.get_close_matches(key, known, n=3)
             hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
             raise ConfigError(
                 f"unknown topology key {key!r} in {where}.{hint} "
-                f"Known keys: {', '.join(sorted(_FIELDS))}.")
+                f"Known keys: {', '.join(sorted(known))}.")
 
 
-#: Upper bounds, far above anything a real PE model needs: they turn a typo such as
-#: ``fixed_cycles=10**19`` into a ConfigError at load time instead of an int64 overflow deep in a
-#: run. 2**32 keeps every cycle sum of the largest run decode allows inside int64 (the op_log's
-#: dtype); a 1 GiB TCM is 1024 times the default, and data mode backs the TCM with host memory.
-MAX_INT = 1 << 32
-MAX_TCM_BYTES = 1 << 30
-#: ``(low, high)`` for the float keys; ``low`` is exclusive where zero makes no machine.
-FLOAT_RANGES = {"clock_ghz": (1e-3, 1e3), "r_cycles_per_byte": (0.0, 1e6), "channel_bytes_per_cycle": (1e-6, 1e12)}
-#: A device has at most this many PEs (and channels).
-MAX_PES = 1 << 14
-#: Float keys that may be ``inf`` (unconstrained).
-_MAY_BE_INF = {"channel_bytes_per_cycle"}
-
-
-def _int_bound(key: str) -> int:
-    return MAX_TCM_BYTES if key == "tcm_bytes" else MAX_INT
+def _refuse(message: str, *keys: str) -> ConfigError:
+    """A ConfigError about ``keys`` together, which says so in its ``keys`` (so a command line can name what
+    set each)."""
+    exc = ConfigError(message)
+    exc.keys = keys  # type: ignore[attr-defined]
+    return exc
 
 
 def _validate(t: Topology) -> None:
-    for key in _INT_KEYS:
-        v = getattr(t, key)
-        if isinstance(v, numbers.Integral) and not isinstance(v, (bool, int)):
-            object.__setattr__(t, key, int(v))  # numpy integers from a sweep
-            v = int(v)
-        if isinstance(v, bool) or not isinstance(v, int):
-            if isinstance(v, float) and v.is_integer():
-                object.__setattr__(t, key, int(v))
-                v = int(v)
-            else:
-                raise ConfigError(f"topology key {key!r} must be an integer number of cycles/bytes, "
-                                  f"got {_describe(v)}.")
-        _check_sign(key, v)
-        if v > _int_bound(key):
-            raise ConfigError(f"topology key {key!r} is {_num(v)}; the largest value kbwork accepts is "
-                              f"{_int_bound(key)} (2**{_int_bound(key).bit_length() - 1}).")
-    for key in _FLOAT_KEYS:
-        v = getattr(t, key)
-        if isinstance(v, bool) or not isinstance(v, numbers.Real) or math.isnan(v) or \
-                (math.isinf(v) and (key not in _MAY_BE_INF or v < 0)):
-            allowed = "a positive number or inf (unconstrained)" if key in _MAY_BE_INF else "a finite number"
-            raise ConfigError(f"topology key {key!r} must be {allowed}, got {_describe(v)}.")
-        if isinstance(v, Fraction) and exact_fraction(float(v)) != v:
-            # taken as written means as a decimal (DESIGN.md §4): a fraction with no short decimal would be
-            # rounded to a float's, silently moving ceil()s by a cycle
-            raise ConfigError(f"topology key {key!r} is Fraction({v.numerator}, {v.denominator}), which has no exact "
-                              f"decimal of at most 17 digits; kbwork takes {key} as the decimal written "
-                              f"(DESIGN.md §4). Give it as a decimal (e.g. {float(v):.6g}).")
-        object.__setattr__(t, key, float(v))
-        v = float(v)
-        if math.isinf(v):
-            continue
-        _check_sign(key, v)
-        low, high = FLOAT_RANGES.get(key, (0.0, float(MAX_INT)))
-        if v > high or 0 < v < low:
-            raise ConfigError(f"topology key {key!r} is {_num(v)}; it must lie between {low:g} and {high:g}.")
-    if not isinstance(t.hazard_policy, str):
-        raise ConfigError(f"topology key 'hazard_policy' must be a string, got {_describe(t.hazard_policy)}; "
-                          f"use one of {', '.join(HAZARD_POLICIES)}.")
-    if t.hazard_policy not in HAZARD_POLICIES:
-        raise ConfigError(f"topology key 'hazard_policy' is {t.hazard_policy!r}; "
-                          f"use one of {', '.join(HAZARD_POLICIES)}.")
-    for key in ("pes", "hbm_channels"):
-        if getattr(t, key) > MAX_PES:
-            raise ConfigError(f"topology key {key!r} is {getattr(t, key)}; a device has at most {MAX_PES}.")
+    table = _keys.TOPOLOGY
+    for row in table.rows:
+        v = getattr(t, row.name)
+        ok = table.check(row.name, v)
+        if ok is not v:  # numpy integers from a sweep, 2.0 for an int key, an int for a float key
+            object.__setattr__(t, row.name, ok)
     if t.pes % t.hbm_channels:
-        raise ConfigError(f"topology keys 'pes' ({t.pes}) and 'hbm_channels' ({t.hbm_channels}): pes must be a "
-                          f"multiple of hbm_channels (each channel is home to pes / hbm_channels PEs).")
+        raise _refuse(f"topology keys 'pes' ({t.pes}) and 'hbm_channels' ({t.hbm_channels}): pes must be a "
+                      f"multiple of hbm_channels (each channel is home to pes / hbm_channels PEs).",
+                      "pes", "hbm_channels")
     if not isinstance(t.name, str) or not t.name:
         raise ConfigError(f"topology key 'name' must be a non-empty string, got {_describe(t.name)}.")
 
@@ -304,19 +279,11 @@ def did_you_mean(asked: Any, known: Any) -> str:
     """`` (did you mean 'x'?)`` naming the built-in name closest to a misspelt one (``llama3-8b`` ->
     ``llama-3-8b``), or ``""`` when none is close or ``asked`` is a path (a file the user meant to point at)."""
     text = str(asked)
-    if "/" in text or "\\" in text or text.endswith(".toml"):
+    if _looks_like_path(text):
         return ""
     by_lower = {str(k).lower(): k for k in known}  # LLAMA-3-8B means llama-3-8b as much as llama3-8b does
     close = difflib.get_close_matches(text.lower(), list(by_lower), n=1, cutoff=0.6)
     return f" (did you mean {by_lower[close[0]]!r}?)" if close else ""
-
-
-def _check_sign(key: str, v: float) -> None:
-    if v < 0:
-        raise ConfigError(f"topology key {key!r} is {_num(v)}; it cannot be negative.")
-    if v == 0 and key not in _MAY_BE_ZERO:
-        raise ConfigError(f"topology key {key!r} is 0; it must be positive "
-                          f"(a zero bandwidth, size or clock makes no machine).")
 
 
 def _flatten(doc: dict[str, Any], path: str) -> dict[str, Any]:
@@ -379,6 +346,12 @@ def load_topology(name_or_path: str | os.PathLike[str] | Topology | None = None,
     return base.replace(**overrides)
 
 
+def _looks_like_path(name: Any) -> bool:
+    """Whether what the user asked for names a file (a separator or ``.toml`` in it) rather than a built-in."""
+    text = str(name)
+    return "/" in text or "\\" in text or text.endswith(".toml")
+
+
 def exists_quietly(path: Path) -> bool:
     """Whether ``path`` exists; False for a name no file system could hold (too long, say) instead of raising."""
     try:
@@ -402,6 +375,9 @@ def read_toml_file(path: Path, what: str, name: str, known: Callable[[], Iterabl
         st = os.stat(path)
     except FileNotFoundError:
         names = list(known())
+        if _looks_like_path(name):  # the user named a file: say so first
+            raise ConfigError(f"no such file: {path} (the {what} {_short(repr(name))}). Known {known_as}: "
+                              f"{', '.join(names) or 'none'}; or pass the path of a .toml file that exists.") from None
         raise ConfigError(f"{what} {_short(repr(name))} not found (looked for {_short(str(path))}). "
                           f"Known {known_as}: {', '.join(names) or 'none'}{did_you_mean(name, names)}; or pass a "
                           f"path to a .toml file.") from None

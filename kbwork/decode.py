@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from . import analysis, atomic
-from .config import Topology, load_topology
+from .config import Topology, load_topology, sweepable_keys
 from .device.steady import check_steady_state
 from .errors import ConfigError, ValidationError
 from .kernels.gqa_decode import DEFAULT_VARIANTS, VARIANTS, gqa_decode
@@ -734,9 +734,17 @@ def compare(*, kv_len: int = 4096, group: int = 8, head_dim: int = 128, tile: in
 
 
 # --- sweeps ------------------------------------------------------------------------------------
-SWEEP_AXES = ("kv_len", "tile", "group", "head_dim", "dtype", "fixed_cycles", "r_cycles_per_byte",
-              "hazard_policy", "dma_channels")
 _SIZE_AXES = ("kv_len", "tile", "group", "head_dim")
+
+
+def sweep_axes() -> tuple[str, ...]:
+    """What :func:`sweep` can sweep: the sizes of a run, its dtype, and every topology key the key table lets a
+    sweep vary (:func:`kbwork.config.sweepable_keys`)."""
+    return (*_SIZE_AXES, "dtype", *sweepable_keys())
+
+
+#: :func:`sweep_axes` when kbwork was imported.
+SWEEP_AXES = sweep_axes()
 
 
 def _check_axis_value(name: str, val: Any, base: Topology) -> None:
@@ -812,9 +820,10 @@ def sweep(*, variants: tuple[str, ...] = DEFAULT_VARIANTS, progress: bool = True
 
     from . import parallel
 
-    unknown = [a for a in axes if a not in SWEEP_AXES]
+    known = sweep_axes()
+    unknown = [a for a in axes if a not in known]
     if unknown:
-        raise ValidationError(f"sweep: unknown axis {', '.join(unknown)}; axes are {', '.join(SWEEP_AXES)}.")
+        raise ValidationError(f"sweep: unknown axis {', '.join(unknown)}; axes are {', '.join(known)}.")
     variants = _check_variants(variants, "sweep")
     check_switches(resume, progress)
     if resume and out is None:

@@ -45,6 +45,9 @@ PE_DIR = PACKAGE_DIR / "pe"
 #: * the package root (``kbwork/__init__.py``, written ``kbwork`` here) ranks with ``sim``: it
 #:   re-exports the simulator's surface (``Simulator``, ``Run``, ``Launch``, the commands, the errors),
 #:   so anything above ``sim`` may use ``kbwork.Simulator`` or ``kbwork.__version__``.
+#: * ``keys`` is a foundation: the key tables (every topology, host and model key's facts), which ``config``
+#:   builds ``Topology`` from and ``model/`` builds ``Host`` and ``Model`` from; it imports only ``errors``.
+#: * ``keydocs`` ranks with what users touch: it writes the key tables into ``docs/``.
 #: * ``golden`` and ``layering`` rank with what users touch: ``golden`` runs the benches and decode to
 #:   write ``data/golden/`` for ``kbwork golden``; ``layering`` reads every module's source and the
 #:   recipe registry, and only tests and notebooks import it.
@@ -54,7 +57,7 @@ PE_DIR = PACKAGE_DIR / "pe"
 #:   ``kbwork bench`` to the benchmark and every other subcommand to ``cli``.
 RANKS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundations", ("config", "errors", "memory", "atomic", "parallel", "symbolic", "calibration", "argtypes",
-                     "sweepfile")),
+                     "sweepfile", "keys")),
     ("pe", ("pe",)),
     ("triton_emu", ("triton_emu",)),
     ("device", ("device",)),
@@ -64,7 +67,7 @@ RANKS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("kernels", ("kernels",)),
     ("decode", ("decode", "cliargs")),
     ("model", ("model",)),
-    ("what users touch", ("plots", "widgets", "model_panel", "cli", "golden", "layering")),
+    ("what users touch", ("plots", "widgets", "model_panel", "cli", "golden", "layering", "keydocs")),
     ("bench", ("bench",)),
     ("entry point", ("__main__",)),
 )

@@ -133,7 +133,8 @@ def test_a_resume_is_refused_under_another_host_device_or_model(tmp_path):
         mdl.sweep(out=out, resume=True, placements=("host",), device=load_device(channel_bytes_per_cycle=80),
                   workers=1, progress=False, **axes)
     model = tmp_path / "m.toml"
-    model.write_text('name = "llama-3-8b"\nlayers = 16\nhidden = 4096\nheads = 32\nkv_heads = 8\nhead_dim = 128\n'
+    # a name of its own: a file elsewhere that takes a shipped name with other values is refused
+    model.write_text('name = "half-8b"\nlayers = 16\nhidden = 4096\nheads = 32\nkv_heads = 8\nhead_dim = 128\n'
                      'ffn = 14336\nvocab = 128256\n')
     out3 = tmp_path / "m.csv"
     mdl.sweep(out=out3, placements=("host",), model=str(model), workers=1, progress=False, **axes)

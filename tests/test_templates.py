@@ -130,7 +130,7 @@ def test_template_cache_is_keyed_by_what_plans_read_and_bounded():
     cache.clear()
     assert len(cache) == 0
     for f in ("tile_k", "tile_buffers", "math_cost_exp", "gemm_base_cycles", "tcm_bytes"):
-        assert f in templates._PLAN_FIELDS
+        assert f in kbwork.config.planned_keys()
 
 
 def test_templates_recorded_under_one_calibration_serve_another():

@@ -190,7 +190,7 @@ def format_steps(steps: list[Any]) -> str:
     ctx = first.contexts
     ctx_text = (f"context {ctx[0]}" if len(set(ctx)) == 1 else
                 f"contexts {min(ctx)}-{max(ctx)} (mean {sum(ctx) / len(ctx):.0f})")
-    lines = [f"{first.model.name} decode step: batch {first.batch}, {ctx_text}; tile {first.tile} "
+    lines = [f"{first.model.label} decode step: batch {first.batch}, {ctx_text}; tile {first.tile} "
              f"({first.padding.total} padded keys)",
              f"host: {first.host!r}"]
     if any(s.placement == "ahbm" for s in steps):

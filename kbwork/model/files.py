@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
 import numbers
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
+from .. import keys as _keys
 from ..config import DATA_DIR, exists_quietly, read_toml_file
 from ..errors import ConfigError, ValidationError
 
@@ -83,10 +83,28 @@ def read_toml(path: Path, what: str, directory: Path, name: Any = None) -> dict[
 
 
 # --- models ------------------------------------------------------------------------------------
-MODEL_KEYS = ("name", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab")
+#: ``name`` and every model key (:data:`kbwork.keys.MODEL`), in order.
+MODEL_KEYS = ("name", *_keys.MODEL.names)
 
 
-@dataclass(frozen=True)
+def _check_rows(obj: Any, table: _keys.KeyTable, where: str) -> None:
+    """Check every key of ``obj`` (a Model or Host being built) against its row, storing the value as the row
+    holds it; then its name."""
+    if not isinstance(obj.name, str) or not obj.name:
+        raise ConfigError(f"{where}: {table.what} key 'name' must be a non-empty string, got {_describe(obj.name)}.")
+    for row in table.rows:
+        try:
+            v = table.check(row.name, getattr(obj, row.name))
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        object.__setattr__(obj, row.name, v)
+
+
+def _label(name: str, path: str | None) -> str:
+    return name if path is None else f"{name} (from {path})"
+
+
+@_keys.key_fields(lambda: _keys.MODEL)
 class Model:
     """The shape of a decoder-only transformer, as one decode step needs it (DESIGN.md §15).
 
@@ -99,32 +117,27 @@ class Model:
         ffn: the SwiGLU intermediate width (gate and up each hidden -> ffn).
         vocab: the LM head's output width.
         source: the file it came from (not part of equality).
+        path: the file it came from when that is not a shipped model's (``None`` for a shipped model or one
+            built in Python); reports give it beside the name (:attr:`label`). Not part of equality.
+
+    The model keys and their ranges are the rows of :data:`kbwork.keys.MODEL`.
     """
 
     name: str
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    ffn: int
-    vocab: int
     source: str = field(default="<given>", compare=False)
+    path: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
-        where = self.source
-        if not isinstance(self.name, str) or not self.name:
-            raise ConfigError(f"{where}: model key 'name' must be a non-empty string, got {_describe(self.name)}.")
-        for key in MODEL_KEYS[1:]:
-            v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-                raise ConfigError(f"{where}: model key {key!r} must be a positive integer, got {_describe(v)}.")
-            if v <= 0:
-                raise ConfigError(f"{where}: model key {key!r} is {v}; it must be a positive integer.")
-            object.__setattr__(self, key, int(v))
+        _check_rows(self, _keys.MODEL, self.source)
         if self.heads % self.kv_heads:
-            raise ConfigError(f"{where}: model key 'heads' ({self.heads}) is not a multiple of 'kv_heads' "
+            raise ConfigError(f"{self.source}: model key 'heads' ({self.heads}) is not a multiple of 'kv_heads' "
                               f"({self.kv_heads}); every KV head serves the same number of query heads (GQA).")
+
+    @property
+    def label(self) -> str:
+        """The name, and the file beside it when the model came from a path that is not a shipped model's
+        (``"my-8b (from /tmp/my-8b.toml)"``)."""
+        return _label(self.name, self.path)
 
     @property
     def group(self) -> int:
@@ -154,21 +167,36 @@ class Model:
 
     def to_dict(self) -> dict[str, Any]:
         """The model keys as a plain dict."""
-        return {k: getattr(self, k) for k in MODEL_KEYS}
+        return {k: getattr(self, k) for k in ("name", *_keys.MODEL.names)}
 
     def __repr__(self) -> str:
-        return (f"Model({self.name!r}: {self.layers} layers, hidden {self.hidden}, {self.heads} heads / "
+        return (f"Model({self.label!r}: {self.layers} layers, hidden {self.hidden}, {self.heads} heads / "
                 f"{self.kv_heads} KV heads x {self.head_dim}, FFN {self.ffn}, vocab {self.vocab})")
+
+
+def _not_a_shipped_name(obj: Any, load: Any, directory: Path, what: str, where: str) -> None:
+    """Refuse a file elsewhere that takes a shipped model's or host's name with other values (it would report
+    as that one)."""
+    shipped = load(obj.name)
+    differ = [k for k, v in obj.to_dict().items() if shipped.to_dict()[k] != v]
+    if differ:
+        raise ConfigError(f"{where}: this {what} file names itself {obj.name!r}, the shipped {what} "
+                          f"({directory / (obj.name + '.toml')}), but its {', '.join(differ)} differ from it "
+                          f"({', '.join(f'{k} {getattr(obj, k)!r}, not {getattr(shipped, k)!r}' for k in differ)}); "
+                          f"give it a name of its own (e.g. name = \"{obj.name}-mine\").")
 
 
 def load_model(name_or_path: str | os.PathLike[str] | Model = "llama-3-8b") -> Model:
     """Load a model by name (``data/models/<name>.toml``) or path; a :class:`Model` is returned as is.
 
+    A model from a path that is not a shipped model's keeps it (:attr:`Model.path`, shown beside its name), and
+    such a file that takes a shipped model's name must hold that model's values.
+
     Raises:
-        ConfigError: no such model; the file unreadable or not TOML; a key
-            unknown (with a "did you mean"), missing, of the wrong type or not
-            positive; ``heads`` not a multiple of ``kv_heads``. The message
-            names the key and the file.
+        ConfigError: no such model or file ("no such file: PATH" for a path); the file unreadable or not TOML;
+            a key unknown (with a "did you mean"), missing, of the wrong type or outside its range
+            (:data:`kbwork.keys.MODEL`); ``heads`` not a multiple of ``kv_heads``; a shipped name with other
+            values. The message names the key and the file.
     """
     if isinstance(name_or_path, Model):
         return name_or_path
@@ -183,20 +211,38 @@ def load_model(name_or_path: str | os.PathLike[str] | Model = "llama-3-8b") -> M
     if missing:
         raise ConfigError(f"{where}: model key{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))} "
                           f"missing; a model file gives every one of {', '.join(MODEL_KEYS)}.")
-    return Model(**doc, source=os.path.abspath(path))
+    elsewhere = _elsewhere(path, MODELS_DIR)
+    m = Model(**doc, source=os.path.abspath(path), path=elsewhere)
+    if elsewhere is not None and m.name in _builtin(MODELS_DIR):
+        _not_a_shipped_name(m, load_model, MODELS_DIR, "model", where)
+    return m
+
+
+def _elsewhere(path: Path, directory: Path) -> str | None:
+    """``path`` as given when it is not one of ``directory``'s shipped files, else None."""
+    try:
+        shipped = path.resolve() in set(_builtin(directory).values())
+    except OSError:
+        shipped = False
+    return None if shipped else str(path)
 
 
 # --- hosts -------------------------------------------------------------------------------------
-HOST_KEYS = ("name", "peak_tflops_bf16", "hbm_tb_s", "eta_flops", "eta_bw", "launch_us", "handoff_us")
-#: Host keys that may be 0 (a free launch, an instant hand-off: natural ends of a sweep).
-_HOST_MAY_BE_ZERO = ("launch_us", "handoff_us")
-#: Efficiencies are fractions of a peak.
-_HOST_FRACTIONS = ("eta_flops", "eta_bw")
+#: ``name`` and every host key (:data:`kbwork.keys.HOST`), in order.
+HOST_KEYS = ("name", *_keys.HOST.names)
+MEASURED_DIR = DATA_DIR / "measured"
 
 
-@dataclass(frozen=True)
+def attention_table_path(value: str) -> Path:
+    """The file a host's ``attention_bandwidth`` names: a bare file name is one in ``data/measured/``, anything
+    else a path."""
+    p = Path(value)
+    return MEASURED_DIR / p if p.parent == Path(".") else p
+
+
+@_keys.key_fields(lambda: _keys.HOST)
 class Host:
-    """The GPU beside the device: its GEMM roofline and the hand-off to the device (DESIGN.md §15).
+    """The GPU beside the device: its GEMM roofline, its memory and the hand-off to the device (DESIGN.md §15).
 
     Attributes:
         name: the host's name.
@@ -205,33 +251,33 @@ class Host:
         eta_flops, eta_bw: the fractions of those peaks a GEMM sustains.
         launch_us: the cost of one kernel launch, added to every GEMM (and host attention).
         handoff_us: host <-> device latency, once each way per layer (placement ``"ahbm"``).
+        gpu_hbm_gib: the GPU's memory, GiB (what the weights, and under ``placement="host"`` the KV cache, must
+            fit in).
+        attention_bandwidth: the host's measured decode-attention table (a CSV in ``data/measured/`` or a
+            path), which ``placement="host"`` reads eta_attn from.
         source: where the values came from (not part of equality).
+        path: the file it came from when that is not a shipped host's (shown beside its name, :attr:`label`).
+
+    The host keys and their ranges are the rows of :data:`kbwork.keys.HOST`.
     """
 
     name: str
-    peak_tflops_bf16: float
-    hbm_tb_s: float
-    eta_flops: float
-    eta_bw: float
-    launch_us: float
-    handoff_us: float
     source: str = field(default="<given>", compare=False)
+    path: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
-        where = self.source
-        if not isinstance(self.name, str) or not self.name:
-            raise ConfigError(f"{where}: host key 'name' must be a non-empty string, got {_describe(self.name)}.")
-        for key in HOST_KEYS[1:]:
-            v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
-                raise ConfigError(f"{where}: host key {key!r} must be a finite number, got {_describe(v)}.")
-            v = float(v)
-            if v < 0 or (v == 0 and key not in _HOST_MAY_BE_ZERO):
-                need = "non-negative" if key in _HOST_MAY_BE_ZERO else "positive"
-                raise ConfigError(f"{where}: host key {key!r} is {v!r}; it must be {need}.")
-            if key in _HOST_FRACTIONS and v > 1:
-                raise ConfigError(f"{where}: host key {key!r} is {v!r}; it is a fraction of peak, at most 1.")
-            object.__setattr__(self, key, v)
+        _check_rows(self, _keys.HOST, self.source)
+        table = attention_table_path(self.attention_bandwidth)
+        if table.suffix != ".csv" or not exists_quietly(table):
+            known = ", ".join(sorted(p.name for p in MEASURED_DIR.glob("*.csv")))
+            raise ConfigError(f"{self.source}: host key 'attention_bandwidth' is {self.attention_bandwidth!r}: no "
+                              f"such table ({table}). Give the host's own measured decode-attention table, a .csv "
+                              f"in data/measured/ (there: {known}) or a path.")
+
+    @property
+    def label(self) -> str:
+        """The name, and the file beside it when the host came from a path that is not a shipped host's."""
+        return _label(self.name, self.path)
 
     @property
     def peak_flops(self) -> float:
@@ -264,10 +310,10 @@ class Host:
 
     def to_dict(self) -> dict[str, Any]:
         """The host keys as a plain dict."""
-        return {k: getattr(self, k) for k in HOST_KEYS}
+        return {k: getattr(self, k) for k in ("name", *_keys.HOST.names)}
 
     def __repr__(self) -> str:
-        return (f"Host({self.name!r}: {self.peak_tflops_bf16:g} TFLOP/s bf16 x {self.eta_flops:g}, "
+        return (f"Host({self.label!r}: {self.peak_tflops_bf16:g} TFLOP/s bf16 x {self.eta_flops:g}, "
                 f"{self.hbm_tb_s:g} TB/s x {self.eta_bw:g}, launch {self.launch_us:g} us, "
                 f"handoff {self.handoff_us:g} us)")
 
@@ -276,12 +322,18 @@ def load_host(name_or_mapping: str | os.PathLike[str] | Mapping[str, Any] | Host
     """Load a host: a name (``data/hosts/<name>.toml``), a path, a :class:`Host`, or a mapping of host keys
     applied over ``h200``'s (``{"handoff_us": 5}``); ``None`` is ``h200``.
 
+    A mapping that names another host (``{"name": "h100", ...}``) must give its own ``attention_bandwidth``: a
+    GPU's measured decode attention is its own, never the H200's by default. A host from a path that is not a
+    shipped host's keeps it (:attr:`Host.path`, shown beside its name), and such a file that takes a shipped
+    host's name must hold that host's values.
+
     Raises:
-        ConfigError: no such host; the file unreadable or not TOML; a key
-            unknown (with a "did you mean"), missing from a file, not a finite
-            number, negative (zero is allowed for ``launch_us`` and
-            ``handoff_us`` only) or, for the two efficiencies, above 1. The
-            message names the key and the file.
+        ConfigError: no such host or file ("no such file: PATH" for a path); the file unreadable or not TOML;
+            a key unknown (with a "did you mean"), missing from a file, not a finite number or outside its
+            range (:data:`kbwork.keys.HOST`: zero is allowed for ``launch_us`` and ``handoff_us`` only, the
+            two efficiencies are at most 1); an ``attention_bandwidth`` that names no table, or missing from a
+            mapping that renames the host; a shipped name with other values. The message names the key and the
+            file.
     """
     if isinstance(name_or_mapping, Host):
         return name_or_mapping
@@ -289,7 +341,13 @@ def load_host(name_or_mapping: str | os.PathLike[str] | Mapping[str, Any] | Host
         name_or_mapping = DEFAULT_HOST
     if isinstance(name_or_mapping, Mapping):
         base = load_host(DEFAULT_HOST)
-        return base.replace(**dict(name_or_mapping)) if name_or_mapping else base
+        over = dict(name_or_mapping)
+        if over.get("name", base.name) != base.name and "attention_bandwidth" not in over:
+            raise ConfigError(f"host {over['name']!r} (a mapping over {base.name}'s keys) gives no "
+                              f"attention_bandwidth: its measured decode-attention table is its own, not the "
+                              f"{base.name}'s. Add \"attention_bandwidth\": \"<table>.csv\" (a CSV in "
+                              f"data/measured/, or a path), or leave out \"name\" for a variant of {base.name}.")
+        return base.replace(**over) if over else base
     if not isinstance(name_or_mapping, (str, os.PathLike)):
         raise ConfigError(f"host must be a name (e.g. 'h200'), a path to a .toml file, a mapping of host keys or "
                           f"a Host, got {_describe(name_or_mapping)}.")
@@ -299,6 +357,13 @@ def load_host(name_or_mapping: str | os.PathLike[str] | Mapping[str, Any] | Host
     _check_keys(doc, HOST_KEYS, "host", where)
     missing = [k for k in HOST_KEYS if k not in doc]
     if missing:
+        fix = (" attention_bandwidth names the host's own measured decode-attention table (a CSV in "
+               "data/measured/, e.g. attention_bandwidth = \"h200_decode_attention_bandwidth.csv\" for an H200); "
+               "kbwork never lends one host's table to another." if "attention_bandwidth" in missing else "")
         raise ConfigError(f"{where}: host key{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))} "
-                          f"missing; a host file gives every one of {', '.join(HOST_KEYS)}.")
-    return Host(**doc, source=os.path.abspath(path))
+                          f"missing; a host file gives every one of {', '.join(HOST_KEYS)}.{fix}")
+    elsewhere = _elsewhere(path, HOSTS_DIR)
+    h = Host(**doc, source=os.path.abspath(path), path=elsewhere)
+    if elsewhere is not None and h.name in _builtin(HOSTS_DIR):
+        _not_a_shipped_name(h, load_host, HOSTS_DIR, "host", where)
+    return h

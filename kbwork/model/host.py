@@ -11,12 +11,14 @@ Every formula is DESIGN.md §15's:
   (hidden -> vocab);
 * attention on the host (``placement="host"``), per layer:
   ``KV bytes / (hbm_bytes_per_s · eta_attn) + launch_s``, with eta_attn interpolated in log2(context)
-  between the measured H200 points of ``data/measured/h200_decode_attention_bandwidth.csv``.
+  between the measured points of the host's ``attention_bandwidth`` table (the H200's:
+  ``data/measured/h200_decode_attention_bandwidth.csv``).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -25,17 +27,10 @@ import pandas as pd
 
 from ..errors import ValidationError
 from .checks import check_contexts
-from .files import BYTES_PER_ELEMENT, Host, Model, load_host, load_model
+from .files import BYTES_PER_ELEMENT, Host, Model, attention_table_path, load_host, load_model
 
 HOST_FLOPS = "host flops"
 HOST_BANDWIDTH = "host bandwidth"
-
-#: The measured table behind eta_attn (``data/measured/``, provenance in its README).
-ATTENTION_TABLE = "h200_decode_attention_bandwidth"
-#: The peak the table's fractions are taken of: the H200's 4.8 TB/s, at which it was measured
-#: (its column ``fraction_of_4800_gb_per_s``). eta_attn is that fraction, so a host with another
-#: ``hbm_tb_s`` keeps the H200's efficiency, not its absolute bandwidth.
-MEASURED_PEAK_TB_S = 4.8
 
 #: The phases of one layer on the host, in order, and their GEMM shapes (see :func:`layer_gemms`).
 LAYER_GEMMS = ("QKV", "O", "FFN up", "FFN down")
@@ -144,25 +139,43 @@ def weight_bytes(model: Model) -> tuple[int, int]:
 
 
 # --- attention on the host ---------------------------------------------------------------------
-def measured_attention() -> pd.DataFrame:
-    """The measured H200 decode-attention points: ``context, batch, kv_heads, group, head_dim, seconds,
-    kv_bytes, gb_per_s, eta`` (eta = gb_per_s / (1000 · 4.8), the fraction of the H200's peak).
+#: The column of a measured decode-attention table that gives each point's fraction of the peak it was measured
+#: at, the peak in GB/s in its name (the H200's table: ``fraction_of_4800_gb_per_s``).
+_FRACTION_COLUMN = re.compile(r"fraction_of_(\d+(?:\.\d+)?)_gb_per_s")
+
+
+def measured_attention(table: str | None = None) -> pd.DataFrame:
+    """A host's measured decode-attention points (``table``: its ``attention_bandwidth``, a CSV in
+    ``data/measured/`` or a path; None: the default host's, the H200's): ``context, batch, kv_heads, group,
+    head_dim, seconds, kv_bytes, gb_per_s, eta``, with eta = gb_per_s / the peak the table was measured at (its
+    ``fraction_of_<peak>_gb_per_s`` column: 4800 for the H200). A host with another ``hbm_tb_s`` keeps the
+    table's fraction of peak, not its absolute bandwidth.
 
     Raises:
-        ValidationError: the table is missing or disagrees with itself (its kv_bytes, gb_per_s or fraction
-            column not what its other columns say).
+        ValidationError: the table is missing, has no ``fraction_of_<peak>_gb_per_s`` column, or disagrees with
+            itself (its kv_bytes, gb_per_s or fraction column not what its other columns say).
     """
-    from ..calibration import load_measured
-
-    t = load_measured(ATTENTION_TABLE).sort_values("context", kind="stable").reset_index(drop=True)
+    name = load_host(None).attention_bandwidth if table is None else table
+    path = attention_table_path(name)
+    try:
+        t = pd.read_csv(path)
+    except (OSError, ValueError) as exc:
+        raise ValidationError(f"measured decode-attention table {name!r} ({path}) cannot be read: {exc}") from None
+    fractions = [c for c in t.columns if _FRACTION_COLUMN.fullmatch(str(c))]
+    if len(fractions) != 1:
+        raise ValidationError(f"{name}: a measured decode-attention table has one column fraction_of_<peak>_gb_per_s "
+                              f"(gb_per_s over the peak it was measured at, e.g. fraction_of_4800_gb_per_s); it has "
+                              f"{', '.join(map(str, t.columns))}.")
+    peak_gb_s = float(_FRACTION_COLUMN.fullmatch(fractions[0]).group(1))
+    t = t.sort_values("context", kind="stable").reset_index(drop=True)
     kv = 2 * t["batch"] * t["kv_heads"] * t["context"] * t["head_dim"] * BYTES_PER_ELEMENT
     if not (kv == t["kv_bytes"]).all():
-        raise ValidationError(f"{ATTENTION_TABLE}.csv: kv_bytes is not 2 x batch x kv_heads x context x head_dim x 2.")
+        raise ValidationError(f"{name}: kv_bytes is not 2 x batch x kv_heads x context x head_dim x 2.")
     if not np.allclose(t["kv_bytes"] / t["seconds"] / 1e9, t["gb_per_s"], rtol=1e-3):
-        raise ValidationError(f"{ATTENTION_TABLE}.csv: gb_per_s is not kv_bytes / seconds.")
-    t["eta"] = t["gb_per_s"] / (1000 * MEASURED_PEAK_TB_S)
-    if not np.allclose(t["eta"], t["fraction_of_4800_gb_per_s"], atol=1e-4):
-        raise ValidationError(f"{ATTENTION_TABLE}.csv: fraction_of_4800_gb_per_s is not gb_per_s / 4800.")
+        raise ValidationError(f"{name}: gb_per_s is not kv_bytes / seconds.")
+    t["eta"] = t["gb_per_s"] / peak_gb_s
+    if not np.allclose(t["eta"], t[fractions[0]], atol=1e-4):
+        raise ValidationError(f"{name}: {fractions[0]} is not gb_per_s / {peak_gb_s:g}.")
     return t
 
 
@@ -206,5 +219,5 @@ def host_attention(model: Model | str | Any, host: Host | str | Any, contexts: S
     contexts = check_contexts(contexts, None, "model.host_attention")
     kv = sum(model.kv_bytes(c) for c in contexts)
     mean = sum(contexts) / len(contexts)
-    eta = eta_attention(mean)
+    eta = eta_attention(mean, measured_attention(host.attention_bandwidth))
     return HostAttention(kv, mean, eta, host.launch_s, kv / (host.hbm_bytes_per_s * eta) + host.launch_s)

@@ -19,23 +19,29 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from ..config import Topology
+from ..config import sweepable_keys
 from ..errors import ConfigError, KbworkError, ValidationError
+from ..keys import sweepable_host_keys
 from ..sweepfile import SweepFile, check_switches
 from .checks import check_batch, check_device_tasks, refuse_misnamed
 from .device import DEVICE_KEYS, DEVICE_V1, load_device
-from .files import HOST_KEYS, load_host, load_model
+from .files import load_host, load_model
 from .schedule import SCHEDULES
 from .steps import AHBM, COMPARE_COLUMNS, DEFAULT_VARIANTS, NO_VARIANT, _check_choice, _check_tile, \
     check_contexts, compare_row, step
 from .steps import cases as _cases
 
-# the device keys (pes, hbm_channels, channel_bytes_per_cycle) are topology fields too: listed once, with the device
-_TOPOLOGY_KEYS = tuple(f.name for f in dataclasses.fields(Topology) if f.name not in ("name", "source", *DEVICE_KEYS))
-_HOST_AXES = HOST_KEYS[1:]
-#: What :func:`sweep` can sweep: the model, the batch (every sequence at ``context``), the context, the tile,
-#: every host key, the device keys and every topology key.
-SWEEP_AXES = ("model", "batch", "context", "tile", *_HOST_AXES, *DEVICE_KEYS, *_TOPOLOGY_KEYS)
+def sweep_axes() -> tuple[str, ...]:
+    """What :func:`sweep` can sweep: the model, the batch (every sequence at ``context``), the context, the tile,
+    every sweepable host key and every sweepable topology key (the device keys first), as the key tables say
+    (:func:`kbwork.keys.sweepable_host_keys`, :func:`kbwork.config.sweepable_keys`)."""
+    topo = sweepable_keys()
+    return ("model", "batch", "context", "tile", *sweepable_host_keys(), *(k for k in DEVICE_KEYS if k in topo),
+            *(k for k in topo if k not in DEVICE_KEYS))
+
+
+#: :func:`sweep_axes` when kbwork was imported.
+SWEEP_AXES = sweep_axes()
 #: The axes every sweep has, with their defaults (``context`` has none: it must be given).
 _ALWAYS = {"model": "llama-3-8b", "batch": 1}
 METRICS = ("variant", "placement", "schedule", *COMPARE_COLUMNS[3:])
@@ -100,9 +106,10 @@ def sweep(*, variants: Sequence[str] = DEFAULT_VARIANTS, placements: Sequence[st
     from .. import parallel
 
     refuse_misnamed(axes, "sweep")
-    unknown = [a for a in axes if a not in SWEEP_AXES]
+    known = sweep_axes()
+    unknown = [a for a in axes if a not in known]
     if unknown:
-        raise ValidationError(f"sweep: unknown axis {', '.join(unknown)}; axes are {', '.join(SWEEP_AXES)}.")
+        raise ValidationError(f"sweep: unknown axis {', '.join(unknown)}; axes are {', '.join(known)}.")
     if "context" not in axes:
         raise ValidationError("sweep: give a context axis (KV lengths, e.g. context=[1024, 8192, 32768]).")
     check_switches(resume, progress)
@@ -198,7 +205,7 @@ def _check_axis_value(name: str, val: Any, base_host: Any, base_device: Any) -> 
             _positive_int(name, val)
             if name == "batch":
                 check_batch(int(val), "sweep", "axis 'batch'")
-        elif name in _HOST_AXES:
+        elif name in sweepable_host_keys():
             base_host.replace(**{name: val})
         elif name in ("pes", "hbm_channels"):  # alone here; against each other per point
             base_device.replace(**{"pes": val, "hbm_channels": 1} if name == "pes" else
@@ -211,8 +218,8 @@ def _check_axis_value(name: str, val: Any, base_host: Any, base_device: Any) -> 
 
 def _point_config(point: dict, base_host: Any, base_device: Any, on_device: bool) -> tuple[Any, Any, dict]:
     """The host, device and topology overrides of one point (validated)."""
-    host_keys = {k: v for k, v in point.items() if k in _HOST_AXES}
-    dev_keys = {k: v for k, v in point.items() if k in DEVICE_KEYS or k in _TOPOLOGY_KEYS}
+    host_keys = {k: v for k, v in point.items() if k in sweepable_host_keys()}
+    dev_keys = {k: v for k, v in point.items() if k in sweepable_keys()}
     tile = point.get("tile", 128)
     _check_tile(tile, "sweep")
     check_contexts([point["context"]], tile, "sweep")

@@ -26,9 +26,10 @@ class Latency:
         self.topo = topo
         t = topo
         self._dma_base, self._dma_bw = t.dma_base_cycles, t.dma_bytes_per_cycle
-        # a transfer alone on its channel moves at the lesser of its unit's rate and the channel's (§14)
-        ch = t.channel_fraction
-        self._alone: Fraction | None = ch if ch is not None and ch < t.dma_bytes_per_cycle else None
+        # a transfer alone on its channel moves at the lesser of its unit's rate and the channel's (§14,
+        # Topology.alone_rate); None where the unit's own whole rate binds (the integer path, the common case)
+        rate = t.alone_rate
+        self._alone: Fraction | None = None if rate == t.dma_bytes_per_cycle else rate
         self._fetch_bw = t.fetch_bytes_per_cycle
         self._gemm_base, self._mr, self._mc = t.gemm_base_cycles, t.mac_rows, t.mac_cols
         self._math_base, self._math_bw = t.math_base_cycles, t.math_elements_per_cycle

@@ -24,10 +24,10 @@ freshly generated schedules give byte-identical op_logs.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Optional
 
-from ..config import Topology
+from ..config import Topology, planned_keys
 from . import ops
 from .commands import CompositeCmd
 from .engines import Latency
@@ -115,14 +115,6 @@ def record_effects(cmd: CompositeCmd, topo: Topology, lat: Latency) -> tuple:
     return tuple(table.effects)
 
 
-#: Topology fields no plan reads: dispatch calibration, queue depth and hazard policy act in the
-#: scheduler's loop and the timeline, names are labels. Every other field (a new one included)
-#: keys the cache.
-_NOT_PLANNED = frozenset({"name", "source", "clock_ghz", "fixed_cycles", "r_cycles_per_byte",
-                          "max_composite_logical_bytes", "cmd_queue_depth", "hazard_policy",
-                          "plan_base_cycles", "plan_cycles_per_op", "pes", "hbm_channels"})
-_PLAN_FIELDS = tuple(f.name for f in fields(Topology) if f.name not in _NOT_PLANNED)
-
 #: Marks a signature planned once so far: the scheduler records it on the next sighting.
 SEEN_ONCE = object()
 #: What :meth:`PlanTable.get` returns for a signature never planned.
@@ -130,8 +122,11 @@ UNSEEN = object()
 
 
 def plan_key(topo: Topology) -> tuple:
-    """The values of the topology fields a plan can depend on (tiles, buffers, latencies, TCM)."""
-    return tuple([getattr(topo, f) for f in _PLAN_FIELDS])
+    """The values of the topology fields a plan can depend on (tiles, buffers, latencies, TCM): the keys the key
+    table marks ``planned`` (:func:`kbwork.config.planned_keys`). Dispatch calibration, queue depth and hazard
+    policy act in the scheduler's loop and the timeline, the device's shape and capacity in the device run;
+    names are labels."""
+    return tuple([getattr(topo, f) for f in planned_keys()])
 
 
 class PlanCache:
