@@ -72,6 +72,7 @@ class Topology:
     pes: int = 1
     hbm_channels: int = 1
     channel_bytes_per_cycle: float = math.inf
+    hbm_gib: float = math.inf  # the device's HBM, GiB (2**30 bytes): what fits (DESIGN.md §15); inf: unbounded
     source: str = field(default="<defaults>", compare=False)
 
     def __post_init__(self) -> None:
@@ -219,11 +220,12 @@ def _check_keys(d: dict[str, Any], where: str) -> None:
 MAX_INT = 1 << 32
 MAX_TCM_BYTES = 1 << 30
 #: ``(low, high)`` for the float keys; ``low`` is exclusive where zero makes no machine.
-FLOAT_RANGES = {"clock_ghz": (1e-3, 1e3), "r_cycles_per_byte": (0.0, 1e6), "channel_bytes_per_cycle": (1e-6, 1e12)}
+FLOAT_RANGES = {"clock_ghz": (1e-3, 1e3), "r_cycles_per_byte": (0.0, 1e6), "channel_bytes_per_cycle": (1e-6, 1e12),
+                "hbm_gib": (1e-6, 1e9)}
 #: A device has at most this many PEs (and channels).
 MAX_PES = 1 << 14
 #: Float keys that may be ``inf`` (unconstrained).
-_MAY_BE_INF = {"channel_bytes_per_cycle"}
+_MAY_BE_INF = {"channel_bytes_per_cycle", "hbm_gib"}
 
 
 def _int_bound(key: str) -> int:

@@ -225,6 +225,7 @@ DESIGN_DEFAULTS = dict(
     math_base_cycles=8, math_elements_per_cycle=64, math_cost_exp=4, math_cost_other=1,
     tcm_bytes=1 << 20,
     pes=1, hbm_channels=1, channel_bytes_per_cycle=float("inf"),  # DESIGN §14: one PE alone
+    hbm_gib=float("inf"),  # DESIGN §15: its HBM unbounded
 )
 
 

@@ -187,7 +187,8 @@ def load_model(name_or_path: str | os.PathLike[str] | Model = "llama-3-8b") -> M
 
 
 # --- hosts -------------------------------------------------------------------------------------
-HOST_KEYS = ("name", "peak_tflops_bf16", "hbm_tb_s", "eta_flops", "eta_bw", "launch_us", "handoff_us")
+HOST_KEYS = ("name", "peak_tflops_bf16", "hbm_tb_s", "eta_flops", "eta_bw", "launch_us", "handoff_us",
+             "gpu_hbm_gib")
 #: Host keys that may be 0 (a free launch, an instant hand-off: natural ends of a sweep).
 _HOST_MAY_BE_ZERO = ("launch_us", "handoff_us")
 #: Efficiencies are fractions of a peak.
@@ -205,6 +206,8 @@ class Host:
         eta_flops, eta_bw: the fractions of those peaks a GEMM sustains.
         launch_us: the cost of one kernel launch, added to every GEMM (and host attention).
         handoff_us: host <-> device latency, once each way per layer (placement ``"ahbm"``).
+        gpu_hbm_gib: the host's HBM, GiB (2**30 bytes), that the weights (and, placement ``"host"``, the KV
+            cache) must fit in (DESIGN.md §15, "Capacity: what fits").
         source: where the values came from (not part of equality).
     """
 
@@ -215,6 +218,7 @@ class Host:
     eta_bw: float
     launch_us: float
     handoff_us: float
+    gpu_hbm_gib: float
     source: str = field(default="<given>", compare=False)
 
     def __post_init__(self) -> None:
@@ -244,6 +248,11 @@ class Host:
         return self.hbm_tb_s * 1e12
 
     @property
+    def hbm_bytes(self) -> float:
+        """The host's HBM capacity, bytes (``gpu_hbm_gib`` x 2**30)."""
+        return self.gpu_hbm_gib * 2 ** 30
+
+    @property
     def launch_s(self) -> float:
         """One kernel launch, seconds."""
         return self.launch_us * 1e-6
@@ -269,7 +278,7 @@ class Host:
     def __repr__(self) -> str:
         return (f"Host({self.name!r}: {self.peak_tflops_bf16:g} TFLOP/s bf16 x {self.eta_flops:g}, "
                 f"{self.hbm_tb_s:g} TB/s x {self.eta_bw:g}, launch {self.launch_us:g} us, "
-                f"handoff {self.handoff_us:g} us)")
+                f"handoff {self.handoff_us:g} us, HBM {self.gpu_hbm_gib:g} GiB)")
 
 
 def load_host(name_or_mapping: str | os.PathLike[str] | Mapping[str, Any] | Host | None = None) -> Host:

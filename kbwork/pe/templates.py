@@ -120,7 +120,7 @@ def record_effects(cmd: CompositeCmd, topo: Topology, lat: Latency) -> tuple:
 #: keys the cache.
 _NOT_PLANNED = frozenset({"name", "source", "clock_ghz", "fixed_cycles", "r_cycles_per_byte",
                           "max_composite_logical_bytes", "cmd_queue_depth", "hazard_policy",
-                          "plan_base_cycles", "plan_cycles_per_op", "pes", "hbm_channels"})
+                          "plan_base_cycles", "plan_cycles_per_op", "pes", "hbm_channels", "hbm_gib"})
 _PLAN_FIELDS = tuple(f.name for f in fields(Topology) if f.name not in _NOT_PLANNED)
 
 #: Marks a signature planned once so far: the scheduler records it on the next sighting.
