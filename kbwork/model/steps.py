@@ -239,7 +239,7 @@ class Step:
             "schedule": self.schedule, "tile": self.tile, "seconds": self.seconds, "tokens_per_s": self.tokens_per_s,
             "breakdown": [{k: clean(v) for k, v in r.items()} for r in self.breakdown.to_dict(orient="records")],
             "bound": self.bound, "bound_kind": self.bound_kind,
-            "shares_us": {k: v * 1e6 for k, v in self.shares.items()},
+            "shares": dict(self.shares),  # seconds, as Step.shares and "seconds" (docs/model.md)
             "attention_cycles": self.attention_cycles, "attention_cycles_per_half": self.attention_cycles_per_half,
             "serial_seconds": self.serial_seconds, "padding": self.padding.total,
             "fits": self.fits,
@@ -343,7 +343,8 @@ def step(model: str | Model, contexts: Sequence[int], *, variant: str = "opt2", 
         for name, first, part in parts:
             if not part:
                 continue
-            label = f"half {name}, {len(part)} sequences" if name else f"{len(part)} sequences"
+            seqs = f"{len(part)} sequence{'s' if len(part) > 1 else ''}"
+            label = f"half {name}, {seqs}" if name else seqs
             if len(parts) > 2 and not name:
                 label += ", for the serial step to compare"
             with phase(f"{variant} on the device: one layer's attention ({label}, {len(part) * m.kv_heads} tasks)"):
