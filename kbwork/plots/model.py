@@ -124,8 +124,10 @@ def _case_style(variant: str, placement: str, schedule: str, colors: dict[str, s
     if placement == "host":
         return dict(color=HOST_COLOR, marker="D", linestyle="-", linewidth=1.6, markersize=5)
     dashed = schedule != "serial"
+    # opt3's triangles a size up, so they show around a1's where the two lines lie on each other
     return dict(color=colors.get(variant), marker="s" if dashed else VARIANT_MARKERS.get(variant, "o"),
-                linestyle="--" if dashed else "-", linewidth=1.4, markersize=6 if dashed else 5)
+                linestyle="--" if dashed else "-", linewidth=1.4,
+                markersize=6 if dashed else 7.5 if variant == "opt3" else 5)
 
 
 def _fits(frame: pd.DataFrame) -> pd.Series:
@@ -253,7 +255,7 @@ def tokens_per_s(sweep: pd.DataFrame, x: str = "context", *, ax: plt.Axes | None
             label = ("bound, " + " = ".join(BOUND_NAMES[k] for k in group) + ": "
                      + " = ".join(BOUND_FORMULAS[k] for k in group))
             line = (dict(linestyle=style, linewidth=3.2) if x == "context" else
-                    dict(linestyle="none", marker=BOUND_MARKERS[group[0]], markersize=5))
+                    dict(linestyle="none", marker=BOUND_MARKERS[group[0]], markersize=3.5))
             ax.plot(xs, curves[group[0]], color=color, alpha=0.45, zorder=2, label=label,
                     gid="bound:" + "+".join(group), **line)
     _log2_x(ax, x, sweep[x])
@@ -474,6 +476,7 @@ def contention(frame: pd.DataFrame, *, by: str | None = "hazard_policy", baselin
     groups = list(dict.fromkeys(frame[by])) if by else [None]
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.6), layout="constrained")
     styles = ["-", "--", ":", "-."]
+    group_markers = ["o", "x", "+", "1"]
     colors = _variant_colors([baseline, other])
     ratio_colors = ["#332288", "#44AA99", "#882255", "#999933"]
     found: dict[Any, list[float]] = {}
@@ -499,7 +502,9 @@ def contention(frame: pd.DataFrame, *, by: str | None = "hazard_policy", baselin
                         fontsize=8, color="#CC3311")
         for v in (baseline, other):
             c = wide[v].dropna().sort_index()
-            ax2.plot(c.index.to_numpy(float), c.to_numpy(float), marker="o", linestyle=styles[i % len(styles)],
+            # a marker per group as well as a line style: two groups' lines may lie on each other exactly
+            ax2.plot(c.index.to_numpy(float), c.to_numpy(float), marker=group_markers[i % len(group_markers)],
+                     markersize=7 if i == 0 else 9, linestyle=styles[i % len(styles)],
                      color=colors[v], label=f"{v}" + (f", {name}" if name else ""))
     ax.axhline(1.0, color="black", linestyle=":", linewidth=1)
     ax.set_ylabel(f"cycles, {other} / {baseline}  (< 1: {other} faster)")
