@@ -225,3 +225,17 @@ def test_docs_list_every_step_field():
     s = mdl.step("llama-3-8b", [512] * 2, schedule="ping_pong")
     fields = {k for k in vars(s) if not k.startswith("_")} | {"bound", "shares_frame"}
     assert fields == documented
+
+
+def test_the_readme_synopsis_of_kbwork_step_lists_every_flag():
+    import argparse
+    import re
+    from pathlib import Path
+
+    from kbwork.model.cli import add_parser
+
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    synopsis = text.split("\nkbwork step [", 1)[1].split("\nkbwork bench", 1)[0]
+    sub = argparse.ArgumentParser(prog="kbwork").add_subparsers()
+    flags = {o for a in add_parser(sub)._actions for o in a.option_strings if o.startswith("--") and o != "--help"}
+    assert flags == set(re.findall(r"--[a-z][a-z-]*", synopsis))
