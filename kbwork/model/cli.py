@@ -16,7 +16,8 @@ host), as the other commands do; ``--quiet`` (and ``--json``) turn it off.
 As on ``kbwork run``, ``--set key=value`` (repeatable) sets one topology key of the device
 (DESIGN.md §15: a step takes topology overrides), e.g. ``--set tcm_bytes=2097152``.
 
-    kbwork step --model llama-3-70b --batch 16 --context 32768
+    kbwork step --model llama-3-8b --batch 16 --context 32768
+    kbwork step --model llama-3-70b --batch 16 --context 32768 --no-capacity-check   # 160 GiB of KV: fits nowhere
     kbwork step --model llama-3-8b --context 1024,4096,32768 --variants opt2,a1 --schedule ping_pong --json
 """
 
