@@ -103,7 +103,8 @@ class Step:
             layer and per step in µs; ``per_step_us`` adds up to the step.
         shares: seconds per step of each thing that can bound it (host flops, host bandwidth, ahbm,
             handoff: the GEMMs by the side of their roofline that binds, the attention, the hand-offs);
-            ``shares_frame`` and ``kbwork step --json``'s ``shares_us`` give them in µs.
+            ``kbwork step --json``'s ``shares`` are the same seconds; ``shares_frame`` gives them in µs, in
+            a column that says so.
         bound_kind: the largest share; ``bound`` says it in words, with the attention's own bound when it
             is ``"ahbm"``.
         padding: the keys padded to the tile (:class:`Padding`).
