@@ -6,8 +6,8 @@ Public surface (DESIGN.md §10): :func:`load_topology`, :class:`Simulator`,
 """
 
 from .config import Topology, load_topology
-from .errors import (ConfigError, FileError, KbworkError, SimulationError, TcmOverflowError, TraceError,
-                     ValidationError)
+from .errors import (CapacityError, ConfigError, FileError, KbworkError, SimulationError, TcmOverflowError,
+                     TraceError, ValidationError)
 from .memory import Handle, Space
 from .pe.commands import Completion, CompositeCmd, DmaCmd, OpSpec, Scope
 from .sim import DeviceRun, Launch, Run, Simulator
@@ -42,4 +42,4 @@ __version__ = "0.1.0"
 
 __all__ = ["Topology", "load_topology", "Simulator", "Run", "Launch", "DeviceRun", "Handle", "Space", "OpSpec", "Scope",
            "CompositeCmd", "DmaCmd", "Completion", "KbworkError", "ConfigError", "ValidationError",
-           "TcmOverflowError", "SimulationError", "FileError", "TraceError", "clear_caches"]
+           "TcmOverflowError", "SimulationError", "FileError", "TraceError", "CapacityError", "clear_caches"]

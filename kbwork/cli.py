@@ -641,7 +641,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .model.cli import add_parser as add_step
 
-    add_step(sub)  # kbwork step: a model's decode step (DESIGN.md §15)
+    add_step(sub).set_defaults(progress_bar=_progress)  # kbwork step: a model's decode step (DESIGN.md §15)
 
     b = sub.add_parser("bench", help="timing benchmark (stages simulated per second)", add_help=False)
     b.set_defaults(fn=None)

@@ -15,6 +15,12 @@ class ConfigError(KbworkError, ValueError):
     """A topology file or override is unknown or nonsensical."""
 
 
+class CapacityError(ConfigError):
+    """A model step whose weights or KV cache do not fit in the memory they are placed in (DESIGN.md §15,
+    "Capacity: what fits"). The message names where, the GiB of weights and of KV, the capacity and the
+    ways out."""
+
+
 class ValidationError(KbworkError, ValueError):
     """A kernel emitted a command that breaks a design invariant."""
 

@@ -12,6 +12,9 @@ The update logic is a plain method (:meth:`StepPanel.update`), so tests drive
 it without a browser. The panel's figure is made once: an update moves its
 bars, labels and bound lines and replaces the PNG of one ``ipywidgets.Image``,
 so the picture changes in place and nothing is appended to the output.
+
+A case whose weights and KV cache do not fit where they are placed (DESIGN.md §15) is run all the same
+and drawn as a hollow bar, and the legend says so: a slider never fails for capacity.
 """
 
 from __future__ import annotations
@@ -148,7 +151,7 @@ class StepPanel:
 
         Returns:
             The new :attr:`state`: the values, ``pes``, ``cases`` (one dict per case: ``label``,
-            ``variant``, ``placement``, ``schedule``, ``tokens_per_s``, ``seconds``, ``bound_kind``, the
+            ``variant``, ``placement``, ``schedule``, ``tokens_per_s``, ``seconds``, ``bound_kind``, ``fits``, the
             ``physical_bound`` it is held to and ``of_bound``), ``tokens_per_s`` (label -> tokens/s) and ``bounds``
             (bound kind -> the most tokens/s).
 
@@ -169,8 +172,9 @@ class StepPanel:
         contexts = [values["context"]] * values["batch"]
         try:
             dev = self.device_for(values)
+            # capacity is shown (a hollow bar), not refused: every setting the controls reach draws
             steps = {case_label(v, p, s): mdl.step(values["model"], contexts, variant=v, device=dev,
-                                                   host=self.host, placement=p, schedule=s)
+                                                   host=self.host, placement=p, schedule=s, check_capacity=False)
                      for v, p, s in self.cases}
         except KbworkError as exc:
             self._fail(exc)
@@ -182,6 +186,7 @@ class StepPanel:
             kind = bound_kind_of(p, s)
             rows.append({"label": label, "variant": v if p == "ahbm" else "-", "placement": p, "schedule": s,
                          "tokens_per_s": st.tokens_per_s, "seconds": st.seconds, "bound_kind": st.bound_kind,
+                         "fits": st.fits,
                          "physical_bound": kind, "of_bound": st.tokens_per_s / self.bound.tokens_per_s(kind)})
         self.state = {**values, "pes": dev.pes, "cases": rows,
                       "tokens_per_s": {r["label"]: r["tokens_per_s"] for r in rows},
@@ -206,7 +211,8 @@ class StepPanel:
         """One line per case: tokens/s, its share of its bound and what bounds the step."""
         lines = [f"{'case':<28}{'tokens/s':>10}{'of bound':>10}  bound by"]
         for r in self.state["cases"]:
-            lines.append(f"{r['label']:<28}{r['tokens_per_s']:>10.1f}{r['of_bound']:>10.0%}  {r['bound_kind']}")
+            lines.append(f"{r['label']:<28}{r['tokens_per_s']:>10.1f}{r['of_bound']:>10.0%}  {r['bound_kind']}"
+                         + ("" if r["fits"] else "  (does not fit)"))
         return (f"<div style='font-family:monospace;line-height:1.35'>{html.escape(self.setting_text())}"
                 f"<pre style='margin:2px 0'>{html.escape(chr(10).join(lines))}</pre></div>")
 
@@ -241,7 +247,7 @@ class StepPanel:
             lines[k] = ax.axvline(0, color=color, linestyle=style, linewidth=3, alpha=0.55, gid=f"bound:{k}")
         ax.set_xlabel("tokens/s")
         ax.grid(True, axis="x", alpha=0.3)
-        self._artists = {"ax": ax, "bars": bars, "texts": texts, "lines": lines,
+        self._artists = {"ax": ax, "bars": bars, "texts": texts, "lines": lines, "colors": colors,
                          "legend": None, "title": ax.set_title("", loc="left", fontsize=10)}
         self.figure = fig
 
@@ -250,10 +256,15 @@ class StepPanel:
         rows = self.state["cases"]
         bounds = self.state["bounds"]
         hi = max([*bounds.values(), *(r["tokens_per_s"] for r in rows)])
-        for bar, text, r in zip(a["bars"], a["texts"], rows):
+        for bar, text, r, color in zip(a["bars"], a["texts"], rows, a["colors"]):
             bar.set_width(r["tokens_per_s"])
+            # a case that does not fit: the outline alone (hatched ping-pong keeps its hatch, in the colour)
+            bar.set_fill(r["fits"])
+            bar.set_edgecolor(color if not r["fits"] else ("white" if bar.get_hatch() else color))
+            bar.set_linewidth(1.0 if r["fits"] else 1.6)
             text.set_x(r["tokens_per_s"] + 0.01 * hi)
-            text.set_text(f"{r['tokens_per_s']:,.1f}  ({r['of_bound']:.0%} of its bound; bound by {r['bound_kind']})")
+            text.set_text(f"{r['tokens_per_s']:,.1f}  ({r['of_bound']:.0%} of its bound; bound by {r['bound_kind']})"
+                          + ("" if r["fits"] else "; does not fit"))
         # one legend entry per distinct bound; a bound equal to an earlier one is hidden under it
         shown, handles = [], []
         for k, line in a["lines"].items():
@@ -270,6 +281,11 @@ class StepPanel:
             line.set_label(f"bound, {' = '.join(BOUND_NAMES[k] for k in g)}: {bounds[g[0]]:,.0f} tokens/s "
                            f"({' = '.join(BOUND_FORMULAS[k] for k in g)})")
             handles.append(line)
+        if not all(r["fits"] for r in rows):
+            from matplotlib.patches import Patch
+
+            handles.append(Patch(facecolor="none", edgecolor="#444444",
+                                 label="hollow bar: does not fit (weights + KV cache over the HBM they are placed in)"))
         ax = a["ax"]
         ax.set_xlim(0, hi * 1.3)
         if a["legend"] is not None:

@@ -146,7 +146,8 @@ def test_breakdown_adds_up_to_the_step():
 
 
 def test_what_bounds_a_step():
-    s = mdl.step("llama-3-70b", [32768] * 16)
+    # 160 GiB of KV over the device's 139 GiB: timed anyway, for what bounds a long attention on a full device
+    s = mdl.step("llama-3-70b", [32768] * 16, check_capacity=False)
     assert s.bound_kind == "ahbm" and s.bound.startswith("ahbm: busiest PE ")
     assert ("latency-bound" in s.bound) or ("throughput-bound" in s.bound)   # kbwork explain's words
     assert max(s.shares, key=s.shares.get) == "ahbm"
@@ -161,7 +162,9 @@ def test_the_host_placement_in_a_step_reproduces_the_measured_table():
     from kbwork.model.host import measured_attention
 
     for row in measured_attention().itertuples():
-        s = mdl.step("llama-3-70b", [row.context] * row.batch, placement="host")
+        # the measured rows time one layer's attention alone: beside 70B's 131 GiB of weights most of their
+        # KV caches would not fit an H200, which this comparison of attention times does not need
+        s = mdl.step("llama-3-70b", [row.context] * row.batch, placement="host", check_capacity=False)
         t_attn = s.breakdown.set_index("phase").loc["attention", "per_layer_us"] * 1e-6
         assert row.kv_bytes / (t_attn - 0.53e-6) / 1e9 == pytest.approx(row.gb_per_s, rel=1e-9)
         assert s.padding.total == 0 and s.attention_cycles is None
@@ -176,7 +179,7 @@ def test_padding_is_reported_and_simulated():
 def test_compare_runs_every_variant_and_the_host_once():
     df = mdl.compare(TINY, [512] * 2, pes=4, hbm_channels=4)
     assert list(df.columns) == ["variant", "placement", "schedule", "seconds", "tokens_per_s",
-                                "attention_us_per_layer", "bound_kind", "bound"]
+                                "attention_us_per_layer", "bound_kind", "bound", "fits"]
     assert list(zip(df.variant, df.placement)) == [("opt2", "ahbm"), ("opt3", "ahbm"), ("a1", "ahbm"),
                                                    ("-", "host")]
     assert (df.tokens_per_s == 2 / df.seconds).all()

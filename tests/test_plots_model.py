@@ -304,3 +304,39 @@ def test_moving_a_slider_recomputes_and_redraws_the_same_figure_in_place():
     assert panel._widgets["batch"].value == 3 and panel.state["batch"] == 3
     panel.update(context=2000)
     assert panel._widgets["context"].value == 2000
+
+
+# --- what does not fit is drawn hollow (DESIGN.md §15, "Capacity: what fits") -----------------------------
+def test_a_point_that_does_not_fit_is_hollow_and_the_legend_says_so():
+    from kbwork.plots.model import HOLLOW_LABEL
+
+    # llama-3-70b on the device: batch 4 at 32k is 40 GiB of KV (fits), batch 16 160 GiB (does not)
+    sw = mdl.sweep(model="llama-3-70b", batch=[4, 16], context=32768, variants=("opt2",),
+                   schedules=("serial", "ping_pong"), progress=False, workers=1)
+    assert list(sw.fits) == [True, True, False, False]
+    ax = plots.tokens_per_s(sw, "batch")
+    line = _gids(ax, "case:")["case:opt2 on AHBM, serial"]
+    assert list(line.get_markevery()) == [0]                       # the filled marker: batch 4 only
+    hollow = [x for x in ax.get_lines() if x.get_gid() == "case:opt2 on AHBM, serial:hollow"]
+    assert len(hollow) == 1 and list(hollow[0].get_xdata()) == [16] and hollow[0].get_markerfacecolor() == "white"
+    assert HOLLOW_LABEL in [t.get_text() for t in ax.get_legend().get_texts()]
+    gain = plots.ping_pong_gain(sw, "batch")
+    assert gain.hollow and HOLLOW_LABEL in [t.get_text() for t in gain.get_legend().get_texts()]
+    fits_all = sw[sw.batch == 4]
+    ax2 = plots.tokens_per_s(fits_all, "batch")
+    assert HOLLOW_LABEL not in [t.get_text() for t in ax2.get_legend().get_texts()]
+
+
+def test_the_panel_draws_a_case_that_does_not_fit_as_a_hollow_bar():
+    from kbwork.model_panel import StepPanel
+
+    panel = StepPanel(model="llama-3-70b", batch=1, context=32768, variants=("opt2",), schedules=("serial",))
+    fits = {c["label"]: c["fits"] for c in panel.state["cases"]}
+    assert fits == {"opt2 on AHBM, serial": True, "H200 alone": False}   # 131 + 10 GiB over the H200's 139
+    bars = panel._artists["bars"]
+    assert bars[0].get_fill() and not bars[1].get_fill()
+    texts = [t.get_text() for t in panel.figure.legends[-1].get_texts()]
+    assert any(t.startswith("hollow bar: does not fit") for t in texts)
+    assert "does not fit" in panel.summary_html()
+    panel.update(context=4096)                                          # now both fit: both filled again
+    assert all(b.get_fill() for b in bars)

@@ -88,10 +88,16 @@ def one_head() -> Any:
     return decode.run(VARIANT, kv_len=REF_KV, mode="timing")
 
 
+#: The suite times steps that do not fit (70B at batch 64 and 32k is 640 GiB of KV, over the device's 139 GiB;
+#: 16 sequences of 32k are 160 GiB): a speed benchmark of the simulator, not a claim of tokens/s, so every step
+#: passes check_capacity=False (DESIGN.md §15) and each row records whether it fits.
+SPEED_ONLY = dict(variant=VARIANT, check_capacity=False)
+
+
 def _step_case(measure: str, model_name: str, contexts: list[int]):
     from .. import model
 
-    s = model.step(model_name, contexts, variant=VARIANT)
+    s = model.step(model_name, contexts, **SPEED_ONLY)
     ref = one_head()
     what = (f"every context {contexts[0]}" if len(set(contexts)) == 1 else
             f"contexts {min(contexts)}-{max(contexts)} (seed {MIXED_SEED}, mean {statistics.mean(contexts):.0f})")
@@ -99,11 +105,11 @@ def _step_case(measure: str, model_name: str, contexts: list[int]):
            "num_label": f"model.step({model_name!r}, batch {len(contexts)}, {what})",
            "den_label": f"decode.run({VARIANT!r}, kv_len={REF_KV}, mode='timing') (one head)",
            "model": model_name, "batch": len(contexts), "contexts": contexts, "unit": "s",
-           "step_seconds": s.seconds, "tokens_per_s": s.tokens_per_s, "bound_kind": s.bound_kind,
+           "step_seconds": s.seconds, "tokens_per_s": s.tokens_per_s, "bound_kind": s.bound_kind, "fits": s.fits,
            "tasks": len(s.tasks), "padding": int(s.padding.total), "attention_cycles": s.attention_cycles,
            "reductions": [str(r.run.reductions) for r in s.attention_runs], "cycles_ref": ref.cycles}
     del s, ref
-    return row, (lambda: model.step(model_name, contexts, variant=VARIANT), one_head)
+    return row, (lambda: model.step(model_name, contexts, **SPEED_ONLY), one_head)
 
 
 # --- the sweep --------------------------------------------------------------------------------------
@@ -193,7 +199,7 @@ import json, sys, time
 t0 = time.perf_counter()
 from kbwork import model
 t1 = time.perf_counter()
-model.step(sys.argv[1], [int(sys.argv[3])] * int(sys.argv[2]))
+model.step(sys.argv[1], [int(sys.argv[3])] * int(sys.argv[2]), check_capacity=False)  # a speed benchmark
 t2 = time.perf_counter()
 print(json.dumps({"import_s": t1 - t0, "first_step_s": t2 - t1}))
 """
@@ -216,14 +222,14 @@ def interactive(min_seconds: float, cold_runs: int | None = None) -> list[dict[s
     from .loops import interleaved
 
     cold_runs = COLD_RUNS if cold_runs is None else cold_runs
-    fns = {f"{m} batch {b} context {c}": (lambda m=m, b=b, c=c: model.step(m, [c] * b, variant=VARIANT))
+    fns = {f"{m} batch {b} context {c}": (lambda m=m, b=b, c=c: model.step(m, [c] * b, **SPEED_ONLY))
            for m, b, c in INTERACTIVE}
     warm = interleaved(fns, min_seconds, warmup=WARMUP_RUNS, collect=True, batch=True)
     out = []
     for (m, b, c), name in zip(INTERACTIVE, fns):
         cold = [cold_step(m, b, c) for _ in range(cold_runs)]
-        s = model.step(m, [c] * b, variant=VARIANT)
-        out.append({"model": m, "batch": b, "context": c, "warm_s": warm[name],
+        s = model.step(m, [c] * b, **SPEED_ONLY)
+        out.append({"model": m, "batch": b, "context": c, "warm_s": warm[name], "fits": s.fits,
                     "first_step_fresh_s": statistics.median(x["first_step_s"] for x in cold),
                     "import_s": statistics.median(x["import_s"] for x in cold), "cold_runs": cold,
                     "tasks": len(s.tasks), "step_seconds": s.seconds, "tokens_per_s": s.tokens_per_s})

@@ -6,17 +6,26 @@ error handling, the same for every subcommand). As everywhere on the command lin
 every mistake, a malformed argument too, ends with one ``kbwork: error: ...`` line
 and exit status 2, never a traceback.
 
+A step whose weights or KV cache do not fit where they are placed (DESIGN.md §15, "Capacity: what
+fits") is refused in one ``kbwork: error:`` line before anything is simulated, unless
+``--no-capacity-check``: then it is timed, and ``fits: false`` is in its table and its JSON (never a
+warning on stderr). A step that simulates shows a progress bar of its phases on stderr (each device run, the
+host), as the other commands do; ``--quiet`` (and ``--json``) turn it off.
+
 As on ``kbwork run``, ``--set key=value`` (repeatable) sets one topology key of the device
 (DESIGN.md §15: a step takes topology overrides), e.g. ``--set tcm_bytes=2097152``.
 
-    kbwork step --model llama-3-70b --batch 16 --context 32768
+    kbwork step --model llama-3-8b --batch 16 --context 32768
+    kbwork step --model llama-3-70b --batch 16 --context 32768 --no-capacity-check   # 160 GiB of KV: fits nowhere
     kbwork step --model llama-3-8b --context 1024,4096,32768 --variants opt2,a1 --schedule ping_pong --json
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 from typing import Any
 
 from ..argtypes import nonnegative_float, positive_int, topology_setting
@@ -123,7 +132,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                                          "--set channel_bytes_per_cycle=80 (repeatable; any key of the "
                                          "topology file)")
     s.add_argument("--json", action="store_true", help="print every case as JSON (seconds, tokens_per_s, "
-                                                       "breakdown, bound)")
+                                                       "breakdown, bound, fits, memory; docs/model.md lists "
+                                                       "every key)")
+    s.add_argument("--no-capacity-check", action="store_true",
+                   help="time a step whose weights or KV cache do not fit where they are placed (its output "
+                        "says fits: false) instead of refusing it")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress bar on stderr")
     # tcm_hint: what kbwork.cli.main may add to a TCM overflow's message, in this command's own options
     s.set_defaults(fn=cmd_step, tcm_hint=tcm_hint)
     return s
@@ -155,10 +169,12 @@ def cmd_step(a: argparse.Namespace) -> int:
         TcmOverflowError: a tile whose working set does not fit in the device's TCM (:func:`tcm_hint` says
             what to type).
     """
-    from .checks import MAX_DEVICE_TASKS
+    from ..errors import CapacityError
+    from .capacity import capacity_message, overfull
+    from .checks import MAX_DEVICE_TASKS, check_contexts
     from .device import load_device
     from .files import load_host, load_model
-    from .steps import cases, step
+    from .steps import cases, step, step_memory
 
     contexts = _contexts(a)
     m = load_model(a.model)
@@ -174,14 +190,41 @@ def cmd_step(a: argparse.Namespace) -> int:
                               f"tasks per layer on the device; kbwork step simulates at most {MAX_DEVICE_TASKS} "
                               f"(a batch of at most {MAX_DEVICE_TASKS // m.kv_heads} for this model). Use a smaller "
                               f"--batch, or --placement host (the GPU alone, nothing simulated).")
-    steps = [step(m, contexts, variant=v, device=device, host=host, placement=p, schedule=a.schedule, tile=a.tile)
-             for v, p in todo]
+    check_contexts(contexts, a.tile, "model.step")  # what step() would say, before the capacity check
+    memory = {p: step_memory(m, host, device, p, contexts, a.tile) for p in placements}
+    if any(overfull(x) for x in memory.values()) and not a.no_capacity_check:  # before any progress
+        raise CapacityError(capacity_message(memory, model=m, batch=len(contexts), placement="",
+                                             where="kbwork step", cli=True))
+    phases = [name for v, p in todo for name in _phase_names(v, p, a.schedule, len(contexts))]
+    bar_of = getattr(a, "progress_bar", None)  # kbwork.cli's bar (it ranks above this module)
+    bar = bar_of(a, phases) if bar_of is not None else contextlib.nullcontext()
+    with bar:
+        progress = getattr(bar, "phase", None)
+        steps = [step(m, contexts, variant=v, device=device, host=host, placement=p, schedule=a.schedule,
+                      tile=a.tile, check_capacity=not a.no_capacity_check, progress=progress) for v, p in todo]
     if a.json:
         print(json.dumps({"model": m.to_dict(), "batch": len(contexts), "contexts": contexts, "tile": a.tile,
                           "cases": [s.to_dict() for s in steps]}, indent=2))
     else:
         print(format_steps(steps))
     return 0
+
+
+def _phase_names(variant: str, placement: str, schedule: str, batch: int) -> list[str]:
+    """The phases :func:`kbwork.model.step` reports for one case: each device run of a layer's attention (under
+    ping-pong one per half and the whole batch's, for the serial step it is compared with), then the host."""
+    if placement == "host":
+        return ["host: GEMMs and attention", "host: the schedule"]
+    runs = 3 if schedule == "ping_pong" and batch > 1 else 1
+    return [f"{variant} on the device"] * runs + ["host: the schedule"]
+
+
+def figure(x: float, decimals: int = 1) -> str:
+    """``x`` with at least ``decimals`` decimals and at least three significant digits, so no nonzero figure
+    prints as zero (``0.00074`` stays ``0.000740``, ``387.25`` is ``387.2``)."""
+    if x == 0 or not math.isfinite(x):
+        return f"{x:.{decimals}f}"
+    return f"{x:.{max(decimals, 2 - math.floor(math.log10(abs(x))))}f}"
 
 
 def format_steps(steps: list[Any]) -> str:
@@ -196,20 +239,32 @@ def format_steps(steps: list[Any]) -> str:
     if any(s.placement == "ahbm" for s in steps):
         lines.append(f"device: {first.device!r}")
     lines += ["",
-              f"{'placement':10}{'variant':9}{'schedule':11}{'ms/step':>10}{'tokens/s':>11}{'attention us/layer':>20}"]
+              f"{'placement':10}{'variant':9}{'schedule':11}{'ms/step':>10}{'tokens/s':>11}{'attention us/layer':>20}"
+              f"{'fits':>6}"]
     for s in steps:
         variant = s.variant if s.placement == "ahbm" else "-"
         attn = (s.attention_cycles / s.device.clock_hz if s.placement == "ahbm" else s.host_attention.seconds) * 1e6
-        lines.append(f"{s.placement:10}{variant:9}{s.schedule:11}{s.seconds * 1e3:>10.3f}{s.tokens_per_s:>11.1f}"
-                     f"{attn:>20.2f}")
+        lines.append(f"{s.placement:10}{variant:9}{s.schedule:11}{figure(s.seconds * 1e3, 3):>10}"
+                     f"{figure(s.tokens_per_s):>11}{figure(attn, 2):>20}{str(s.fits).lower():>6}")
     lines.append("")
     if len(steps) > 1:
         best = max(steps, key=lambda s: s.tokens_per_s)
         label = f"{best.placement} {best.variant}" if best.placement == "ahbm" else "host alone"
-        lines.append(f"fastest: {label} ({best.tokens_per_s:.1f} tokens/s)")
+        lines.append(f"fastest: {label} ({figure(best.tokens_per_s)} tokens/s)")
     for s in steps:
         label = f"{s.placement} {s.variant} {s.schedule}" if s.placement == "ahbm" else "host alone"
         lines.append(f"bound, {label}: {s.bound}")
+    for s in steps:
+        if s.attention_cycles_per_half:
+            us = {k: c / s.device.clock_hz * 1e6 for k, c in s.attention_cycles_per_half.items()}
+            lines.append(f"attention us/layer, ahbm {s.variant} ping_pong: the sum of half A's "
+                         f"{figure(us['A'], 2)} and half B's {figure(us['B'], 2)}")
+    for s in steps:
+        if not s.fits:
+            label = f"{s.placement} {s.variant} {s.schedule}" if s.placement == "ahbm" else "host alone"
+            lines.append(f"fits: false, {label}: " + "; ".join(
+                f"{r.where} {r.what} {r.bytes / 2 ** 30:.1f} GiB" for r in s.memory.itertuples()) +
+                f" (capacity: host {s.host.gpu_hbm_gib:g} GiB, device {s.device.topology.hbm_gib:g} GiB)")
     for note in dict.fromkeys(n for s in steps for n in s.notes):
         lines.append(f"note: {note}")
     return "\n".join(lines)

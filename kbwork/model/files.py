@@ -290,6 +290,11 @@ class Host:
         return self.hbm_tb_s * 1e12
 
     @property
+    def hbm_bytes(self) -> float:
+        """The host's HBM capacity, bytes (``gpu_hbm_gib`` x 2**30)."""
+        return self.gpu_hbm_gib * 2 ** 30
+
+    @property
     def launch_s(self) -> float:
         """One kernel launch, seconds."""
         return self.launch_us * 1e-6
@@ -315,7 +320,7 @@ class Host:
     def __repr__(self) -> str:
         return (f"Host({self.label!r}: {self.peak_tflops_bf16:g} TFLOP/s bf16 x {self.eta_flops:g}, "
                 f"{self.hbm_tb_s:g} TB/s x {self.eta_bw:g}, launch {self.launch_us:g} us, "
-                f"handoff {self.handoff_us:g} us)")
+                f"handoff {self.handoff_us:g} us, HBM {self.gpu_hbm_gib:g} GiB)")
 
 
 def load_host(name_or_mapping: str | os.PathLike[str] | Mapping[str, Any] | Host | None = None) -> Host:

@@ -1,7 +1,7 @@
 """One decode step of a model: :func:`step`, :class:`Step` and :func:`compare` (DESIGN.md §15).
 
 >>> from kbwork import model
->>> s = model.step("llama-3-70b", [32768] * 16)                  # opt2 on the AHBM device, serial
+>>> s = model.step("llama-3-70b", [16384] * 16)                  # opt2 on the AHBM device, serial
 >>> s.tokens_per_s, s.bound
 >>> s.breakdown                                                  # per phase: us per layer and per step
 >>> model.compare("llama-3-8b", [8192] * 16, schedule="ping_pong")   # variants x placements
@@ -9,14 +9,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, ContextManager, Sequence
 
 import numpy as np
 import pandas as pd
 
 from ..errors import ValidationError
+from .capacity import check_capacity as _check_capacity
+from .capacity import memory_frame, overfull
 from .checks import _check_choice, _check_tile, _check_variant, check_contexts, check_device_tasks, \
     refuse_misnamed
 from .device import DEVICE_V1, Device, attention_run, channel_bound_cycles, load_device, per_pe_cycles
@@ -24,7 +27,7 @@ from .files import Host, Model, load_host, load_model
 from .host import HOST_BANDWIDTH, HOST_FLOPS, LAYER_GEMMS, LM_HEAD, Gemm, HostAttention, host_attention, \
     layer_gemms, lm_head
 from .schedule import HALVES, SCHEDULES, HalfCosts, chain_jobs, list_schedule, serial_seconds
-from .tasks import Padding, Task, assign_tasks
+from .tasks import Padding, Task, assign_tasks, padded
 
 PLACEMENTS = ("ahbm", "host")
 AHBM = "ahbm"
@@ -99,7 +102,9 @@ class Step:
             ``overlap``, the time the overlap hides, negative) its resource, what binds it, the time per
             layer and per step in µs; ``per_step_us`` adds up to the step.
         shares: seconds per step of each thing that can bound it (host flops, host bandwidth, ahbm,
-            handoff: the GEMMs by the side of their roofline that binds, the attention, the hand-offs).
+            handoff: the GEMMs by the side of their roofline that binds, the attention, the hand-offs);
+            ``kbwork step --json``'s ``shares`` are the same seconds; ``shares_frame`` gives them in µs, in
+            a column that says so.
         bound_kind: the largest share; ``bound`` says it in words, with the attention's own bound when it
             is ``"ahbm"``.
         padding: the keys padded to the tile (:class:`Padding`).
@@ -108,6 +113,15 @@ class Step:
         attention_runs: one :class:`AttentionRun` per device run of a layer (one, or one per half).
         attention_cycles: PE cycles of one layer's attention (summed over the halves under ping-pong);
             ``None`` for the host placement.
+        attention_cycles_per_half: under ping-pong (two halves), each half's attention of one layer, PE
+            cycles: ``{"A": ..., "B": ...}`` (their sum is ``attention_cycles``); else ``None``.
+        serial_seconds: under ping-pong (two halves), the same batch's step under the serial schedule,
+            seconds (its attention one device run of the whole batch), what :attr:`notes` compares with;
+            else ``None``.
+        memory: what the step places where (DESIGN.md §15, "Capacity: what fits"): a DataFrame ``where``
+            (host|device), ``what`` (weights|kv), ``bytes``, ``capacity_bytes`` (``inf``: unbounded).
+        fits: whether every ``where``'s bytes fit in its capacity (``False`` only from
+            ``check_capacity=False``: otherwise the step raised).
         host_attention: the host placement's :class:`HostAttention` per layer, else ``None``.
         attention: the device ``Run`` of one layer's attention (half A's under ping-pong; both are in
             ``attention_runs``), ``None`` for the host placement.
@@ -117,7 +131,7 @@ class Step:
 
     def __init__(self, *, model: Model, host: Host, device: Device, contexts: tuple[int, ...], variant: str,
                  placement: str, schedule: str, tile: int, halves: list[_Half], timeline: pd.DataFrame,
-                 seconds: float, notes: tuple[str, ...]):
+                 seconds: float, notes: tuple[str, ...], memory: pd.DataFrame, serial_seconds: float | None = None):
         self.model, self.host, self.device, self.contexts = model, host, device, contexts
         self.batch = len(contexts)
         self.variant, self.placement, self.schedule, self.tile = variant, placement, schedule, tile
@@ -130,6 +144,11 @@ class Step:
         self.attention_runs = tuple(h.attention for h in halves if h.attention is not None)
         self.tasks = tuple(t for r in self.attention_runs for t in r.tasks)
         self.attention_cycles = sum(r.cycles for r in self.attention_runs) if self.attention_runs else None
+        self.attention_cycles_per_half = ({r.half: r.cycles for r in self.attention_runs}
+                                          if len(self.attention_runs) > 1 else None)
+        self.serial_seconds = serial_seconds
+        self.memory = memory
+        self.fits = not overfull(memory)
         self.attention = self.attention_runs[0].run if self.attention_runs else None
         self.host_attention = halves[0].host_attention
         self.breakdown = self._breakdown()
@@ -221,8 +240,11 @@ class Step:
             "schedule": self.schedule, "tile": self.tile, "seconds": self.seconds, "tokens_per_s": self.tokens_per_s,
             "breakdown": [{k: clean(v) for k, v in r.items()} for r in self.breakdown.to_dict(orient="records")],
             "bound": self.bound, "bound_kind": self.bound_kind,
-            "shares_us": {k: v * 1e6 for k, v in self.shares.items()},
-            "attention_cycles": self.attention_cycles, "padding": self.padding.total,
+            "shares": dict(self.shares),  # seconds, as Step.shares and "seconds" (docs/model.md)
+            "attention_cycles": self.attention_cycles, "attention_cycles_per_half": self.attention_cycles_per_half,
+            "serial_seconds": self.serial_seconds, "padding": self.padding.total,
+            "fits": self.fits,
+            "memory": [{k: clean(v) for k, v in r.items()} for r in self.memory.to_dict(orient="records")],
             "host": self.host.to_dict(),
             "device": {k: clean(v) for k, v in self.device.to_dict().items()} if self.placement == AHBM else None,
             "notes": list(self.notes),
@@ -233,7 +255,8 @@ class Step:
                f"contexts {min(self.contexts)}-{max(self.contexts)}")
         what = f"{self.variant} on ahbm" if self.placement == AHBM else "attention on the host"
         return (f"Step({self.model.name}, batch {self.batch}, {ctx}, {what}, {self.schedule}: "
-                f"{self.seconds * 1e3:.3f} ms, {self.tokens_per_s:.1f} tokens/s; bound: {self.bound_kind})")
+                f"{self.seconds * 1e3:.4g} ms, {self.tokens_per_s:.4g} tokens/s; bound: {self.bound_kind}"
+                f"{'' if self.fits else '; does not fit'})")
 
 
 def _one_bound(gemms: Sequence[Gemm]) -> str:
@@ -244,6 +267,7 @@ def _one_bound(gemms: Sequence[Gemm]) -> str:
 # --- the step ----------------------------------------------------------------------------------
 def step(model: str | Model, contexts: Sequence[int], *, variant: str = "opt2", device: Any = DEVICE_V1,
          host: Any = "h200", placement: str = "ahbm", schedule: str = "serial", tile: int = 128,
+         check_capacity: bool = True, progress: Callable[[str], ContextManager[Any]] | None = None,
          **overrides: Any) -> Step:
     """One decode step of ``model`` over a batch of ``contexts`` (DESIGN.md §15), timing mode.
 
@@ -258,6 +282,11 @@ def step(model: str | Model, contexts: Sequence[int], *, variant: str = "opt2", 
         placement: ``"ahbm"`` (attention on the device) or ``"host"`` (the GPU alone).
         schedule: ``"serial"`` or ``"ping_pong"`` (placement ``"ahbm"``; the host placement is serial).
         tile: the decode tile, also the padding unit.
+        check_capacity: refuse a step whose weights or KV cache do not fit where they are placed (DESIGN.md
+            §15, "Capacity: what fits"), before anything is simulated; ``False`` times it anyway and
+            returns it with ``fits=False``.
+        progress: a callable taking a phase's name (a device run, the host) and returning a context manager
+            held while that phase runs (``kbwork step``'s progress bar); ``None``: nothing.
         **overrides: device keys (``pes``, ``hbm_channels``, ``channel_bytes_per_cycle``) and topology keys
             (``fixed_cycles``, ``hazard_policy``, ...).
 
@@ -270,8 +299,12 @@ def step(model: str | Model, contexts: Sequence[int], *, variant: str = "opt2", 
             :data:`~kbwork.model.checks.MAX_DEVICE_TASKS` decode tasks per layer; a keyword that is not
             ``step``'s (``mode=``: a step is timing-only; ``variants=``, ``placements=``: ``compare``'s).
         ConfigError: a bad model, host, device or key.
+        CapacityError: (a ConfigError) the weights or the KV cache do not fit where they are placed, unless
+            ``check_capacity=False``; the message names where, the GiB of weights and of KV, the capacity and
+            the ways out.
     """
     where = "model.step"
+    phase = progress if progress is not None else (lambda name: contextlib.nullcontext())
     refuse_misnamed(overrides, where)
     m = load_model(model)
     h = load_host(host)
@@ -283,37 +316,83 @@ def step(model: str | Model, contexts: Sequence[int], *, variant: str = "opt2", 
     if placement == AHBM:
         check_device_tasks(len(ctx), m.kv_heads, where)
     dev = load_device(device, **overrides)
+    memory = step_memory(m, h, dev, placement, ctx, tile)
+    if not isinstance(check_capacity, (bool, np.bool_)):
+        raise ValidationError(f"{where}: check_capacity must be True or False, got {check_capacity!r}.")
+    if check_capacity:
+        _check_capacity(memory, model=m, batch=len(ctx), placement=placement, where=where)
     notes: list[str] = []
     halves: list[_Half] = []
+    serial_s: float | None = None
     if placement == "host":
         if schedule != "serial":
             notes.append(f"schedule={schedule!r} applies to placement='ahbm'; the host placement is serial.")
             schedule = "serial"
-        ha = host_attention(m, h, ctx)
-        halves.append(_Half("", len(ctx), layer_gemms(m, h, len(ctx)), lm_head(m, h, len(ctx)), ha.seconds, None,
-                            ha))
-        costs = [_costs(halves[0], "host", 0.0)]
+        with phase("host: GEMMs and attention"):
+            ha = host_attention(m, h, ctx)
+            halves.append(_Half("", len(ctx), layer_gemms(m, h, len(ctx)), lm_head(m, h, len(ctx)), ha.seconds,
+                                None, ha))
+            costs = [_costs(halves[0], "host", 0.0)]
     else:
         if schedule == "ping_pong" and len(ctx) == 1:
             notes.append("one sequence: half B is empty, so ping-pong is the serial schedule.")
         split = -(-len(ctx) // 2)
         parts = [(HALVES[0], 0, ctx[:split]), (HALVES[1], split, ctx[split:])] if schedule == "ping_pong" else \
             [("", 0, ctx)]
+        if len(parts) > 1 and parts[1][2]:  # the serial step of the same batch, which ping-pong must beat
+            parts.append(("", 0, ctx))
         for name, first, part in parts:
             if not part:
                 continue
-            tasks = assign_tasks(part, kv_heads=m.kv_heads, pes=dev.pes, tile=tile, first_sequence=first)
-            drun = attention_run(tasks, dev, variant, tile, group=m.group, head_dim=m.head_dim)
-            run = AttentionRun(name, tasks, drun.cycles, per_pe_cycles(drun, dev.pes), drun.cycles / dev.clock_hz,
-                               channel_bound_cycles(tasks, dev, m.head_dim), drun)
+            seqs = f"{len(part)} sequence{'s' if len(part) > 1 else ''}"
+            label = f"half {name}, {seqs}" if name else seqs
+            if len(parts) > 2 and not name:
+                label += ", for the serial step to compare"
+            with phase(f"{variant} on the device: one layer's attention ({label}, {len(part) * m.kv_heads} tasks)"):
+                tasks = assign_tasks(part, kv_heads=m.kv_heads, pes=dev.pes, tile=tile, first_sequence=first)
+                drun = attention_run(tasks, dev, variant, tile, group=m.group, head_dim=m.head_dim)
+                run = AttentionRun(name, tasks, drun.cycles, per_pe_cycles(drun, dev.pes),
+                                   drun.cycles / dev.clock_hz, channel_bound_cycles(tasks, dev, m.head_dim), drun)
             halves.append(_Half(name, len(part), layer_gemms(m, h, len(part)), lm_head(m, h, len(part)),
                                 run.seconds, run, None))
+        if len(halves) > 2:
+            whole = halves.pop()
+            serial_s = serial_seconds(m.layers, _costs(whole, "device", h.handoff_s))
         costs = [_costs(x, "device", h.handoff_s) for x in halves]
-    timeline = list_schedule(chain_jobs(m.layers, costs))
-    seconds = serial_seconds(m.layers, costs[0]) if len(costs) == 1 else float(timeline["end"].max())
-    timeline[["start", "end"]] *= 1e6
+    with phase("host: the schedule"):
+        timeline = list_schedule(chain_jobs(m.layers, costs))
+        seconds = serial_seconds(m.layers, costs[0]) if len(costs) == 1 else float(timeline["end"].max())
+        timeline[["start", "end"]] *= 1e6
+    if serial_s is not None and seconds > serial_s:
+        notes.append(_ping_pong_slower(m, dev, halves, whole, seconds, serial_s))
     return Step(model=m, host=h, device=dev, contexts=ctx, variant=variant, placement=placement, schedule=schedule,
-                tile=tile, halves=halves, timeline=timeline, seconds=seconds, notes=tuple(notes))
+                tile=tile, halves=halves, timeline=timeline, seconds=seconds, notes=tuple(notes), memory=memory,
+                serial_seconds=serial_s)
+
+
+def step_memory(m: Model, h: Host, dev: Device, placement: str, contexts: Sequence[int], tile: int) -> pd.DataFrame:
+    """What a step of ``contexts`` places where (:func:`kbwork.model.capacity.memory_frame`): on the device the
+    contexts padded to ``tile``."""
+    return memory_frame(m, h, dev.topology.hbm_gib, placement, contexts, [padded(c, tile) for c in contexts])
+
+
+def _ping_pong_slower(m: Model, dev: Device, halves: list[_Half], whole: _Half, seconds: float,
+                      serial_s: float) -> str:
+    """Why ping-pong is slower than the serial schedule for this batch, in one sentence."""
+    head = (f"ping-pong is slower than serial for this batch ({seconds * 1e3:.4g} ms against {serial_s * 1e3:.4g} ms "
+            f"a step)")
+    cycles = [x.attention.cycles for x in halves]
+    tasks = len(whole.attention.tasks)
+    if tasks <= dev.pes:
+        return (f"{head}: each half is mapped from PE 0, and with {tasks} tasks on {dev.pes} PEs each half's "
+                f"attention costs about a whole batch's ({' and '.join(f'{c:,}' for c in cycles)} cycles against "
+                f"{whole.attention.cycles:,} for the whole batch at once), so the halves add up to about twice "
+                f"the serial attention, and each half re-reads the weights.")
+    host_pp = sum(x.gemms[g].seconds for x in halves for g in x.gemms) * m.layers
+    host_serial = sum(g.seconds for g in whole.gemms.values()) * m.layers
+    return (f"{head}: each half re-reads the weights (the host's GEMMs take {host_pp * 1e3:.4g} ms a step against "
+            f"{host_serial * 1e3:.4g} ms serial), more than the overlap of attention ({whole.attention_s * 1e6:.4g} "
+            f"µs a layer for the whole batch) hides.")
 
 
 def _costs(half: _Half, resource: str, handoff: float) -> HalfCosts:
@@ -325,7 +404,7 @@ def _costs(half: _Half, resource: str, handoff: float) -> HalfCosts:
 
 # --- variants x placements ---------------------------------------------------------------------
 COMPARE_COLUMNS = ["variant", "placement", "schedule", "seconds", "tokens_per_s", "attention_us_per_layer",
-                   "bound_kind", "bound"]
+                   "bound_kind", "bound", "fits"]
 
 
 def cases(variants: Sequence[str], placements: Sequence[str], where: str) -> list[tuple[str, str]]:
@@ -354,7 +433,7 @@ def compare_row(s: Step) -> dict[str, Any]:
     attn = (s.attention_cycles / s.device.clock_hz if s.placement == AHBM else s.host_attention.seconds) * 1e6
     return {"variant": s.variant if s.placement == AHBM else NO_VARIANT, "placement": s.placement,
             "schedule": s.schedule, "seconds": s.seconds, "tokens_per_s": s.tokens_per_s,
-            "attention_us_per_layer": attn, "bound_kind": s.bound_kind, "bound": s.bound}
+            "attention_us_per_layer": attn, "bound_kind": s.bound_kind, "bound": s.bound, "fits": s.fits}
 
 
 def compare(model: str | Model, contexts: Sequence[int], *, variants: Sequence[str] = DEFAULT_VARIANTS,
@@ -363,7 +442,9 @@ def compare(model: str | Model, contexts: Sequence[int], *, variants: Sequence[s
     """Every variant on the device and the host alone, on one batch: a DataFrame, one row per case.
 
     Columns: ``variant`` (``"-"`` for the host placement, where no PE variant runs), ``placement``,
-    ``schedule``, ``seconds``, ``tokens_per_s``, ``attention_us_per_layer``, ``bound_kind``, ``bound``.
+    ``schedule``, ``seconds``, ``tokens_per_s``, ``attention_us_per_layer``, ``bound_kind``, ``bound``,
+    ``fits`` (whether the case's weights and KV cache fit where they are placed: a case that does not is
+    timed all the same, never refused).
 
     Raises:
         The errors of :func:`step`, and a ValidationError for an empty, repeated or unknown variant or
@@ -379,5 +460,5 @@ def compare(model: str | Model, contexts: Sequence[int], *, variants: Sequence[s
         check_device_tasks(len(ctx), load_model(model).kv_heads, "model.compare")
     load_device(device, **dict(overrides))
     rows = [compare_row(step(model, contexts, variant=v, device=device, host=host, placement=p, schedule=schedule,
-                             tile=tile, **overrides)) for v, p in todo]
+                             tile=tile, check_capacity=False, **overrides)) for v, p in todo]
     return pd.DataFrame(rows, columns=COMPARE_COLUMNS)

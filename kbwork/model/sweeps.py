@@ -90,7 +90,8 @@ def sweep(*, variants: Sequence[str] = DEFAULT_VARIANTS, placements: Sequence[st
     Returns:
         One row per (point, case): the axis values (``model``, ``batch``, ``context`` first), then
         ``variant`` (``"-"`` for the host), ``placement``, ``schedule``, ``seconds``, ``tokens_per_s``,
-        ``attention_us_per_layer``, ``bound_kind``, ``bound``. Its ``attrs`` record the host and the
+        ``attention_us_per_layer``, ``bound_kind``, ``bound``, ``fits`` (whether the step's weights and KV
+        cache fit where they are placed; a point that does not is timed all the same). Its ``attrs`` record the host and the
         device the steps ran on (``"host"``: the host keys, ``"device"``: every topology key, before the
         swept axes), so :func:`~kbwork.model.with_bounds` and ``plots.tokens_per_s`` draw that device's bound.
 
@@ -238,7 +239,7 @@ def _sweep_point(task: tuple) -> list[dict]:
     rows = []
     for variant, placement, schedule in todo_cases:
         s = step(point["model"], contexts, variant=variant, device=d, host=h, placement=placement,
-                 schedule=schedule, tile=point.get("tile", 128))
+                 schedule=schedule, tile=point.get("tile", 128), check_capacity=False)  # rows carry fits
         rows.append({**point, **compare_row(s)})
     return rows
 
@@ -252,7 +253,7 @@ def _same(a: Any, b: Any) -> bool:
 
 
 #: The version of a model sweep's rows; a file of another schema is not resumed.
-SWEEP_SCHEMA = 1
+SWEEP_SCHEMA = 2  # 2: the fits column
 
 
 def _sweep_meta(names: list[str], values: list[list], todo_cases: list[tuple[str, str, str]], base_host: Any,
@@ -377,6 +378,9 @@ class _SweepLog(SweepFile):
             if not fields[column]:
                 raise bad(column, "what bounds the step")
             row[column] = fields[column]
+        if fields["fits"] not in ("True", "False"):
+            raise bad("fits", "True or False")
+        row["fits"] = fields["fits"] == "True"
         return row
 
 

@@ -4,6 +4,7 @@ they use (DESIGN.md §14, "Seeing it")."""
 from __future__ import annotations
 
 import math
+import textwrap
 from typing import Any, Mapping, Sequence
 
 import matplotlib.pyplot as plt
@@ -14,8 +15,9 @@ from matplotlib.patches import Patch
 
 from ..errors import ValidationError
 from ..oplog import STAGE_NAMES
-from . import (_MOVERS, TENSOR_HATCH, _check_clock, _check_dpi, _check_flag, _check_hatch, _check_int, _check_window,
-               _Drawn, _gantt_handles, _is_int, _tensor_base, cycle_axis, gantt)
+from .checks import _check_clock, _check_dpi, _check_flag, _check_hatch, _check_int, _check_window, _is_int
+from .gantts import _Drawn, _gantt_handles, _hold_rows, _tensor_base, gantt
+from .style import _MOVERS, TENSOR_HATCH, cycle_axis
 
 #: How many PEs :func:`device_gantt` shows when it is not told which.
 DEFAULT_PES = 4
@@ -66,14 +68,75 @@ def _check_pes(run: Any, pes: Any) -> list[int]:
     return sorted(int(p) for p in pes)
 
 
-def _title(run: Any, shown: list[int], chans: list[int], path_pe: int) -> str:
+def _title(run: Any, shown: list[int], chans: list[int], path_pe: int,
+           window: tuple[int, int] | None = None) -> str:
     t = run.topology
     bw = "unconstrained" if math.isinf(t.channel_bytes_per_cycle) else f"{t.channel_bytes_per_cycle:g} B/cycle each"
     which = "all that ran" if len(shown) == len(run.pes) else f"{len(shown)} of the {len(run.pes)} that ran"
     used = (f"; their transfers on HBM channel{'s' if len(chans) > 1 else ''} {', '.join(map(str, chans))} of "
             f"{t.hbm_channels} ({bw})" if chans else "")
-    return (f"Device run, {run.cycles:,} cycles: PE{'s' if len(shown) > 1 else ''} {', '.join(map(str, shown))} "
+    span = (f"Device run of {run.cycles:,} cycles, cycles {window[0]:,} to {window[1]:,} shown" if window is not None
+            else f"Device run, {run.cycles:,} cycles")
+    return (f"{span}: PE{'s' if len(shown) > 1 else ''} {', '.join(map(str, shown))} "
             f"({which}){used}; critical path on PE {path_pe}")
+
+
+#: Outlines of the critical path a PE panel draws at full width; beyond, they are drawn thinner, so that a
+#: whole run's path reads as a line along the bars rather than a black band over them.
+PATH_OUTLINES_FULL = 40
+
+
+def _thin_path(ax: plt.Axes) -> float:
+    """Thin the critical path's outlines and links on ``ax`` when it draws many (see
+    :data:`PATH_OUTLINES_FULL`); the outline width used."""
+    width = 1.4
+    for coll in ax.collections:
+        if coll.get_gid() == "critical-path" and len(coll.get_paths()) > PATH_OUTLINES_FULL:
+            width = 0.6
+            coll.set_linewidth(width)
+        elif coll.get_gid() == "critical-path-links" and len(coll.get_segments()) > PATH_OUTLINES_FULL:
+            coll.set_linewidth(0.7)
+    return width
+
+
+def merged_holds(op_log: pd.DataFrame, holds: pd.DataFrame, tracks: Sequence[str]) -> pd.DataFrame:
+    """``holds`` (``Run.holds()`` of one PE) with the holds that overlap or touch on one Gantt row merged into
+    one: each row of the result is one bar, ``cmd`` the first held command of it, ``plan_end`` the earliest
+    and ``release`` the latest of the holds it covers, ``holds`` how many."""
+    if holds.empty:
+        return holds.assign(holds=pd.Series(dtype=int))
+    rows = _hold_rows(op_log, holds, tuple(tracks))
+    h = holds.assign(_row=rows).sort_values(["_row", "plan_end", "release"], kind="stable")
+    out = []
+    for _, g in h.groupby("_row", sort=True):
+        cur = None
+        for cmd, a, b in zip(g["cmd"].to_numpy(), g["plan_end"].to_numpy(), g["release"].to_numpy()):
+            if cur is not None and a <= cur[2]:
+                cur[2], cur[3] = max(cur[2], b), cur[3] + 1
+            else:
+                if cur is not None:
+                    out.append(cur)
+                cur = [cmd, a, b, 1]
+        out.append(cur)
+    return pd.DataFrame(out, columns=["cmd", "plan_end", "release", "holds"])
+
+
+def merged_path(path: pd.DataFrame) -> pd.DataFrame:
+    """The critical path with each run of consecutive stages on one unit, each starting where the last ended,
+    merged into one outline (``engine, start, end, cause``: the first stage's cause, which is the cause of the
+    link drawn into it; ``stages`` how many it covers)."""
+    if path.empty:
+        return path.assign(stages=pd.Series(dtype=int))
+    eng = path["engine"].astype(str).to_numpy()
+    start, end = path["start"].to_numpy(), path["end"].to_numpy()
+    new = np.ones(len(path), bool)
+    new[1:] = (eng[1:] != eng[:-1]) | (start[1:] != end[:-1])
+    group = np.cumsum(new) - 1
+    first = np.flatnonzero(new)
+    last = np.append(first[1:] - 1, len(path) - 1)
+    return pd.DataFrame({"engine": eng[first], "start": start[first], "end": end[last],
+                         "cause": path["cause"].astype(str).to_numpy()[first],
+                         "stages": np.bincount(group)})
 
 
 #: Flow counts the channel strips tell apart: 1, 2, 3 and "4 or more", light to dark.
@@ -137,8 +200,10 @@ def device_gantt(run: Any, pes: Sequence[int] | int | None = None, *, channels: 
         pes: the PEs to show (default: up to :data:`DEFAULT_PES`: the PE the critical path runs on, those
             sharing a channel with it, then the lowest others; see :func:`default_pes`).
         channels: draw the channel strips.
-        window: ``(start, end)`` cycles to show.
-        holds, critical_path: draw each PE's hazard holds, and the device's critical path on its PE.
+        window: ``(start, end)`` cycles to show (the default title then names it).
+        holds, critical_path: draw each PE's hazard holds (those that overlap on a row merged into one bar:
+            :func:`merged_holds`), and the device's critical path on its PE (back-to-back stages on one unit
+            one outline: :func:`merged_path`). Every PE's panel has the same background.
         hatch: as :func:`kbwork.plots.gantt`.
         clock_ghz: the µs axis on top (default: the run's clock).
         title: the figure's title (default: what is shown: cycles, PEs, channels, the critical path's PE).
@@ -183,16 +248,18 @@ def device_gantt(run: Any, pes: Sequence[int] | int | None = None, *, channels: 
                              figsize=(13, 1.0 + sum(heights)), gridspec_kw={"height_ratios": heights})
     axes = np.atleast_1d(axes)
     clock = run.topology.clock_ghz if clock_ghz is None else clock_ghz
+    path_width = 1.4
     for i, (ax, p) in enumerate(zip(axes, shown)):
         rows = logs[p]
+        # on a whole run a hold per command and an outline per critical-path stage cover every bar: holds that
+        # overlap on a row are one bar, back-to-back path stages on one unit one outline
         gantt(rows, ax=ax, window=window, clock_ghz=clock if i == 0 else None, legend=False, hatch=hatch,
-              holds=run.pe(p).holds() if holds else None,
-              critical_path=run.critical_path() if critical_path and p == path_pe else None, dpi=dpi)
+              holds=merged_holds(rows, run.pe(p).holds(), tracks) if holds else None,
+              critical_path=merged_path(run.critical_path()) if critical_path and p == path_pe else None, dpi=dpi)
         ax.set_gid(f"pe:{p}")
+        path_width = min(path_width, _thin_path(ax))
         ax.set_ylabel(f"PE {p}" + (" (critical path)" if p == path_pe and critical_path else ""),
                       fontweight="bold", fontsize=9)
-        if i % 2:
-            ax.set_facecolor("#F4F4F4")  # alternate PEs read apart at a glance
     shades: set[int] = set()
     for ax, c in zip(axes[len(shown):], chans):
         shades |= _draw_channel(ax, steps[steps["channel"] == c], c, run, summary.loc[c].to_dict())
@@ -210,7 +277,15 @@ def device_gantt(run: Any, pes: Sequence[int] | int | None = None, *, channels: 
         handles.append(Patch(color=FLOW_SHADES[g], label=f"channel in use,\n{words}"))
     if chans and math.isfinite(run.topology.channel_bytes_per_cycle):
         handles.append(Line2D([], [], color=CHANNEL_COLOR, linestyle="--", linewidth=0.9, label="channel bandwidth"))
+    for h in handles:  # the legend says what the merged marks are
+        if isinstance(h, Line2D) and h.get_label().startswith("hazard hold"):
+            h.set_label("hazard holds:\nPLAN end → release,\noverlapping ones merged")
+        elif isinstance(h, Patch) and h.get_label() == "critical path":
+            h.set_label("critical path\n(back-to-back stages\non one unit merged)")
+            h.set_linewidth(path_width)
     if handles:
         fig.legend(handles=handles, loc="outside right upper", fontsize=8, frameon=False)
-    fig.suptitle(title or _title(run, shown, chans, path_pe), x=0.01, ha="left", fontsize=10)
+    # wrapped: the window's span makes the default title longer than the panels are wide
+    fig.suptitle(title or textwrap.fill(_title(run, shown, chans, path_pe, window), width=150), x=0.01, ha="left",
+                 fontsize=10)
     return fig

@@ -3,8 +3,10 @@ what ping-pong gains over serial, and one KV-head task when PEs share a channel.
 
 Every function takes DataFrames (:func:`kbwork.model.sweep` rows, :func:`kbwork.model.per_head_contention`
 rows) and returns the Axes or Figure it drew on, like the rest of :mod:`kbwork.plots`. A case's colour is
-its variant's (``kbwork.plots.VARIANT_COLORS``), the GPU alone is black; the serial schedule is a solid
-line, ping-pong a dashed one. The physical bound of :mod:`kbwork.model.bounds` is a thick pale line behind
+its variant's (``kbwork.plots.VARIANT_COLORS``) and so is its marker (:data:`VARIANT_MARKERS`), the GPU alone
+is black; the serial schedule is a solid line, ping-pong a dashed one. A point whose weights and KV cache do
+not fit where they are placed (a sweep row's ``fits`` is False; DESIGN.md §15) is drawn hollow, and the
+legend says so. The physical bound of :mod:`kbwork.model.bounds` is a thick pale line behind
 the cases, one per bound a case is held to (the GPU alone; the device under the serial schedule; the
 device under any schedule), so how far each point sits below it reads off the log axis. Artists the tests
 look for carry a ``gid``: ``case:<label>`` and ``bound:<kind>`` (``bound:host+ahbm_serial`` when two bounds
@@ -26,18 +28,25 @@ from ..model.bounds import BOUND_KINDS, bound_kind_of, physical_bound
 from ..model.device import DEVICE_V1, load_device
 from ..model.files import load_host, load_model
 from ..model.sweeps import setup_of
-from . import VALUE_WORDS, VARIANT_COLORS, _check_ax, _variant_colors
+from .checks import _check_ax
+from .style import VALUE_WORDS, VARIANT_COLORS, _variant_colors
 
 #: The GPU alone's colour.
 HOST_COLOR = "#000000"
 #: Each bound's colour and line style (drawn thick and pale, behind the cases).
 BOUND_STYLE = {"host": ("#555555", (0, (1, 1.5))), "ahbm_serial": ("#AA3377", "-"), "ahbm": ("#AA3377", (0, (4, 2)))}
+#: Each bound's marker where it is drawn point by point (against the batch: a batch is a whole number).
+BOUND_MARKERS = {"host": "D", "ahbm_serial": "o", "ahbm": "s"}
 #: Each bound's name and formula, for legends (W: every weight once; KV: every layer's K and V; bw: peak).
 BOUND_NAMES = {"host": "H200 alone", "ahbm_serial": "AHBM serial", "ahbm": "AHBM overlapped"}
 BOUND_FORMULAS = {"host": "(weights + KV) / host bw", "ahbm_serial": "weights / host bw + KV / device bw",
                   "ahbm": "max(weights / host bw, KV / device bw)"}
 #: The x axes the tokens/s plots know, in words.
-X_WORDS = {"context": "context (k tokens, log scale)", "batch": "batch (sequences, log scale)"}
+X_WORDS = {"context": "context (tokens, log scale)", "batch": "batch (sequences, log scale)"}
+#: Each variant's marker, so lines that fall on each other stay told apart (any other variant: a circle).
+VARIANT_MARKERS = {"opt2": "o", "opt3": "^", "a1": "v"}
+#: The legend's words for a hollow point.
+HOLLOW_LABEL = "hollow: does not fit (weights + KV cache over the HBM they are placed in)"
 _NEED = ("model", "batch", "context", "variant", "placement", "schedule", "tokens_per_s")
 #: The host and device keys the physical bound depends on (``pes`` too: it is checked against
 #: ``hbm_channels``); as columns of a sweep, one value each is applied over the sweep's host and device.
@@ -116,8 +125,43 @@ def _case_style(variant: str, placement: str, schedule: str, colors: dict[str, s
     if placement == "host":
         return dict(color=HOST_COLOR, marker="D", linestyle="-", linewidth=1.6, markersize=5)
     dashed = schedule != "serial"
-    return dict(color=colors.get(variant), marker="s" if dashed else "o", linestyle="--" if dashed else "-",
-                linewidth=1.4, markersize=5, markerfacecolor="white" if dashed else None)
+    # opt3's triangles a size up, so they show around a1's where the two lines lie on each other
+    return dict(color=colors.get(variant), marker="s" if dashed else VARIANT_MARKERS.get(variant, "o"),
+                linestyle="--" if dashed else "-", linewidth=1.4,
+                markersize=6 if dashed else 7.5 if variant == "opt3" else 5)
+
+
+def _fits(frame: pd.DataFrame) -> pd.Series:
+    """Each row's ``fits`` (True where the frame has no such column: rows from before capacity was counted)."""
+    return frame["fits"].astype(bool) if "fits" in frame.columns else pd.Series(True, index=frame.index)
+
+
+def plot_fitting(ax: plt.Axes, xs: np.ndarray, ys: np.ndarray, fits: np.ndarray, **style: Any) -> Any:
+    """One line through every point, its markers filled where ``fits`` and hollow (white inside) where not.
+
+    Returns:
+        The line (the legend's handle).
+    """
+    fits = np.asarray(fits, bool)
+    line, = ax.plot(xs, ys, markevery=[i for i in range(len(xs)) if fits[i]], **style)
+    if not fits.all():
+        keep = {k: v for k, v in style.items() if k in ("color", "marker", "markersize", "zorder")}
+        ax.plot(np.asarray(xs)[~fits], np.asarray(ys)[~fits], linestyle="none", markerfacecolor="white",
+                gid=f"{style.get('gid', '')}:hollow", **keep)
+    return line
+
+
+def add_hollow_entry(ax_or_handles: Any, any_hollow: bool) -> list[Any]:
+    """The legend handles of ``ax_or_handles`` (an Axes or a list), with one for :data:`HOLLOW_LABEL` when
+    ``any_hollow``."""
+    from matplotlib.lines import Line2D
+
+    handles = (list(ax_or_handles.get_legend_handles_labels()[0]) if hasattr(ax_or_handles, "get_legend_handles_labels")
+               else list(ax_or_handles))
+    if any_hollow:
+        handles.append(Line2D([], [], color="#444444", marker="o", markerfacecolor="white", linestyle="none",
+                              label=HOLLOW_LABEL))
+    return handles
 
 
 def _bound_curves(model: str, x: str, xs: np.ndarray, other: int, kinds: list[str], host: Any,
@@ -189,12 +233,14 @@ def tokens_per_s(sweep: pd.DataFrame, x: str = "context", *, ax: plt.Axes | None
         g = sweep[(sweep.placement == placement) & (sweep.variant == variant) & (sweep.schedule == schedule)]
         # on every swept x, NaN where this case did not run: the line breaks there instead of skipping it
         y = g.groupby(x)["tokens_per_s"].first().reindex(every_x)
+        fit = _fits(g).groupby(g[x]).first().reindex(every_x).fillna(True).to_numpy(bool)
         label = case_label(variant, placement, schedule)
-        ax.plot(np.asarray(every_x, float), y.to_numpy(float), label=label, gid=f"case:{label}",
-                zorder=3, **_case_style(variant, placement, schedule, colors))
+        plot_fitting(ax, np.asarray(every_x, float), y.to_numpy(float), fit, label=label, gid=f"case:{label}",
+                     zorder=3, **_case_style(variant, placement, schedule, colors))
     if bounds:
         kinds = [k for k in BOUND_KINDS if k in {bound_kind_of(p, s) for p, _, s in keys}]
         lo, hi = float(sweep[x].min()), float(sweep[x].max())
+        # contexts: a smooth curve; batches: a point at every whole batch, nothing drawn between them
         xs = (np.unique(np.geomspace(lo, hi, 48).round().astype(int)) if x == "context"
               else np.arange(int(lo), int(hi) + 1))
         curves = _bound_curves(model, x, xs, other, kinds, host, device)
@@ -209,8 +255,10 @@ def tokens_per_s(sweep: pd.DataFrame, x: str = "context", *, ax: plt.Axes | None
             color, style = BOUND_STYLE[group[0]]
             label = ("bound, " + " = ".join(BOUND_NAMES[k] for k in group) + ": "
                      + " = ".join(BOUND_FORMULAS[k] for k in group))
-            ax.plot(xs, curves[group[0]], color=color, linestyle=style, linewidth=3.2, alpha=0.45, zorder=2,
-                    label=label, gid="bound:" + "+".join(group))
+            line = (dict(linestyle=style, linewidth=3.2) if x == "context" else
+                    dict(linestyle="none", marker=BOUND_MARKERS[group[0]], markersize=3.5))
+            ax.plot(xs, curves[group[0]], color=color, alpha=0.45, zorder=2, label=label,
+                    gid="bound:" + "+".join(group), **line)
     _log2_x(ax, x, sweep[x])
     _log_y(ax)
     ax.set_ylabel("tokens/s (log scale)")
@@ -219,8 +267,9 @@ def tokens_per_s(sweep: pd.DataFrame, x: str = "context", *, ax: plt.Axes | None
     fixed = f"batch {other}" if x == "context" else f"context {context_label(other)}"
     ax.set_title(title if title is not None else f"{model}, {fixed}: tokens/s against {x}", loc="left",
                  fontsize=10)
+    ax.hollow = not _fits(sweep).all()
     if legend:
-        ax.legend(fontsize=7.5, loc="best")
+        ax.legend(handles=add_hollow_entry(ax, ax.hollow), fontsize=7.5, loc="best")
     return ax
 
 
@@ -249,9 +298,17 @@ def tokens_per_s_grid(sweep: pd.DataFrame, x: str = "context", *, facet: str = "
                              squeeze=False)
     handles: dict[str, Any] = {}
     for ax, v in zip(axes[0], values):
-        tokens_per_s(sweep[sweep[facet] == v], x, ax=ax, host=host, device=device, bounds=bounds, legend=False)
+        part = sweep[sweep[facet] == v]
+        fixed = (f"batch {int(_one(part, 'batch', where, ''))}" if x == "context" else
+                 f"context {context_label(_one(part, 'context', where, ''))}") \
+            if part[("batch" if x == "context" else "context")].nunique() == 1 else ""
+        # the panel's title names what differs between panels; the figure's title says what is drawn
+        tokens_per_s(part, x, ax=ax, host=host, device=device, bounds=bounds, legend=False,
+                     title=f"{_words(v)}, {fixed}" if fixed else str(_words(v)))
         for h, lab in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(lab, h)
+    for h in add_hollow_entry([], any(getattr(a, "hollow", False) for a in axes[0])):
+        handles.setdefault(h.get_label(), h)
     width_in = fig.get_figwidth()
     # as many legend columns and title characters as the width holds: the bound labels are long, and one
     # panel alone is narrow (a legend of three columns or a one-line title ran off both edges)
@@ -291,6 +348,8 @@ def ping_pong_gain(sweep: pd.DataFrame, x: str = "batch", *, ax: plt.Axes | None
         raise ValidationError(f"{where}: no point has both schedules; sweep with "
                               f"schedules=('serial', 'ping_pong').")
     gain = (wide["ping_pong"] / wide["serial"]).dropna()
+    # a ratio is hollow when either of its steps does not fit
+    fit = dev.assign(_fit=_fits(dev)).groupby(["model", "variant", x])["_fit"].all()
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 4), layout="constrained")
     models = [m for m in dict.fromkeys(dev["model"]) if m in set(gain.index.get_level_values("model"))]
@@ -299,9 +358,10 @@ def ping_pong_gain(sweep: pd.DataFrame, x: str = "batch", *, ax: plt.Axes | None
     for i, m in enumerate(models):
         for v in dict.fromkeys(gain.xs(m, level="model").index.get_level_values("variant")):
             g = gain.xs((m, v), level=("model", "variant")).sort_index()
-            ax.plot(g.index.to_numpy(float), g.to_numpy(), marker=markers[i % len(markers)],
-                    linestyle=styles[i % len(styles)],
-                    color=colors.get(v), label=f"{m}, {v}", gid=f"gain:{m}:{v}")
+            f = fit.xs((m, v), level=("model", "variant")).reindex(g.index).to_numpy(bool)
+            plot_fitting(ax, g.index.to_numpy(float), g.to_numpy(), f, marker=markers[i % len(markers)],
+                         linestyle=styles[i % len(styles)],
+                         color=colors.get(v), label=f"{m}, {v}", gid=f"gain:{m}:{v}")
     ax.axhline(1.0, color="black", linestyle=":", linewidth=1)
     _log2_x(ax, x, gain.index.get_level_values(x))
     ax.set_ylabel("tokens/s, ping-pong / serial  (> 1: ping-pong faster)")
@@ -309,7 +369,8 @@ def ping_pong_gain(sweep: pd.DataFrame, x: str = "batch", *, ax: plt.Axes | None
     fixed = f"batch {int(other)}" if x == "context" else f"context {context_label(other)}"
     ax.set_title(title if title is not None else f"What ping-pong gains over serial on AHBM, {fixed}",
                  loc="left", fontsize=10)
-    ax.legend(fontsize=8)
+    ax.hollow = not fit.all()
+    ax.legend(handles=add_hollow_entry(ax, ax.hollow), fontsize=8)
     return ax
 
 
@@ -343,16 +404,22 @@ def variant_ratio(sweep: pd.DataFrame, x: str = "context", *, baseline: str = "o
         _, ax = plt.subplots(figsize=(7, 4), layout="constrained")
     variants = [v for v in wide.columns if v != baseline]
     colors = _variant_colors(sorted(wide.columns))
+    fit = dev.assign(_fit=_fits(dev)).groupby(["model", x, "variant"])["_fit"].all().unstack("variant")
     styles, markers = ["-", "--", ":", "-."], ["o", "s", "^", "D"]
     xs_all = []
+    any_hollow = False
     for i, m in enumerate(dict.fromkeys(dev["model"])):
         w = wide.xs(m, level="model")
         for v in variants:
             r = (w[v] / w[baseline]).dropna().sort_index()
             xs_all += list(r.index)
-            ax.plot(r.index.to_numpy(float), r.to_numpy(), marker=markers[i % len(markers)],
-                    linestyle=styles[i % len(styles)],
-                    color=colors[v], label=f"{m}: {v} / {baseline}", gid=f"variant:{m}:{v}")
+            fm = fit.xs(m, level="model")
+            f = (fm[v] & fm[baseline]).reindex(r.index).fillna(True).to_numpy(bool)
+            any_hollow = any_hollow or not f.all()
+            # the marker is the variant's, the line style the model's: two ratios that coincide stay apart
+            plot_fitting(ax, r.index.to_numpy(float), r.to_numpy(), f, marker=VARIANT_MARKERS.get(v, markers[i]),
+                         linestyle=styles[i % len(styles)], markersize=7 - 2 * variants.index(v) % 4,
+                         color=colors[v], label=f"{m}: {v} / {baseline}", gid=f"variant:{m}:{v}")
     ax.axhline(1.0, color="black", linestyle=":", linewidth=1)
     _log2_x(ax, x, xs_all)
     lo, hi = ax.get_ylim()
@@ -362,7 +429,8 @@ def variant_ratio(sweep: pd.DataFrame, x: str = "context", *, baseline: str = "o
     fixed = f"batch {int(other)}" if x == "context" else f"context {context_label(other)}"
     ax.set_title(title if title is not None else f"The decode variants on AHBM, {schedule.replace('_', '-')}, "
                                                  f"{fixed}", loc="left", fontsize=10)
-    ax.legend(fontsize=8)
+    ax.hollow = any_hollow
+    ax.legend(handles=add_hollow_entry(ax, any_hollow), fontsize=8)
     return ax
 
 
@@ -409,6 +477,7 @@ def contention(frame: pd.DataFrame, *, by: str | None = "hazard_policy", baselin
     groups = list(dict.fromkeys(frame[by])) if by else [None]
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.6), layout="constrained")
     styles = ["-", "--", ":", "-."]
+    group_markers = ["o", "x", "+", "1"]
     colors = _variant_colors([baseline, other])
     ratio_colors = ["#332288", "#44AA99", "#882255", "#999933"]
     found: dict[Any, list[float]] = {}
@@ -434,7 +503,9 @@ def contention(frame: pd.DataFrame, *, by: str | None = "hazard_policy", baselin
                         fontsize=8, color="#CC3311")
         for v in (baseline, other):
             c = wide[v].dropna().sort_index()
-            ax2.plot(c.index.to_numpy(float), c.to_numpy(float), marker="o", linestyle=styles[i % len(styles)],
+            # a marker per group as well as a line style: two groups' lines may lie on each other exactly
+            ax2.plot(c.index.to_numpy(float), c.to_numpy(float), marker=group_markers[i % len(group_markers)],
+                     markersize=7 if i == 0 else 9, linestyle=styles[i % len(styles)],
                      color=colors[v], label=f"{v}" + (f", {name}" if name else ""))
     ax.axhline(1.0, color="black", linestyle=":", linewidth=1)
     ax.set_ylabel(f"cycles, {other} / {baseline}  (< 1: {other} faster)")
@@ -464,4 +535,5 @@ def _words(v: Any) -> str:
 
 
 __all__ = ["tokens_per_s", "tokens_per_s_grid", "ping_pong_gain", "variant_ratio", "contention", "case_label",
-           "setup_text", "context_label", "HOST_COLOR", "BOUND_STYLE", "BOUND_NAMES", "BOUND_FORMULAS"]
+           "setup_text", "context_label", "HOST_COLOR", "BOUND_STYLE", "BOUND_NAMES", "BOUND_FORMULAS",
+           "VARIANT_MARKERS", "HOLLOW_LABEL", "plot_fitting"]
