@@ -162,11 +162,12 @@ def test_a_resume_is_refused_under_another_host_device_or_model(tmp_path):
 @pytest.mark.parametrize("column, value, message", [
     ("seconds", "banana", "line 2: seconds is 'banana', not a number"),
     ("tokens_per_s", "-3", "line 2: tokens_per_s is '-3', not a finite number > 0"),
-    ("tokens_per_s", "1.5", "line 2: tokens_per_s is '1.5', not the batch 1 over seconds"),
     ("bound", "", "line 2: bound is '', not what bounds the step"),
     ("point", "x", "line 2: point is 'x', not a point index"),
 ])
 def test_a_damaged_row_is_refused_not_returned(tmp_path, column, value, message):
+    # a row whose values are each possible but disagree (tokens_per_s not the batch over seconds) is computed
+    # again with a warning instead: tests/test_sweep_engine.py
     out = tmp_path / "s.csv"
     axes = dict(context=[1024], batch=[1, 2])
     mdl.sweep(out=out, placements=("host",), workers=1, progress=False, **axes)
