@@ -283,9 +283,10 @@ class SweepFile:
             buf, header=False, index=False, lineterminator="\n")
         return buf.getvalue()
 
-    def write_record(self) -> None:
-        """Write the record: :attr:`meta` and the digest of every line written."""
-        atomic.write_text(self.meta_path, json.dumps({**self.meta, ROW_DIGESTS: self.digests}, indent=1) + "\n")
+    def write_record(self, sync: bool = True) -> None:
+        """Write the record: :attr:`meta` and the digest of every line written (``sync``: :func:`atomic.write_with`'s)."""
+        atomic.write_text(self.meta_path, json.dumps({**self.meta, ROW_DIGESTS: self.digests}, indent=1) + "\n",
+                          sync=sync)
 
     def append(self, point: int, rows: list[dict]) -> None:
         """Add one finished point's rows to the file, whole (one write, undone if the system cuts it short),
@@ -296,7 +297,8 @@ class SweepFile:
         """
         text = self.rows_csv(rows, point)
         self.digests.extend(row_digest(line) for line in text.splitlines())
-        self.write_record()
+        # not flushed to disk: the rows are not either, and a row whose digest a crash lost only runs again
+        self.write_record(sync=False)
         atomic.append_whole(self.path, text.encode("utf-8"), f"point {point}'s rows")
 
     def write_rows(self, rows_of: dict[int, list[dict]]) -> None:

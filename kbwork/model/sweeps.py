@@ -1,9 +1,12 @@
 """Sweeps of decode steps: :func:`sweep`, on local processes or a Dask cluster, resumable (DESIGN.md §12, §15).
 
-Like :func:`kbwork.decode.sweep`: the cartesian product of the axes, each point
-one task of :func:`kbwork.parallel.map_tasks` (same DataFrame, same row order,
-wherever it ran), a ``tqdm`` bar, and an ``out=`` CSV that receives the rows
-as points finish so a stopped sweep continues with ``resume=True``.
+A front end of the sweep engine (:mod:`kbwork.sweep`), as :func:`kbwork.decode.sweep` is: the engine takes the
+cartesian product of the axes, runs each point as one task of :func:`kbwork.parallel.map_tasks` (same
+DataFrame, same row order, wherever it ran) with a ``tqdm`` bar, and keeps the rows in an ``out=`` CSV as
+points finish so a stopped sweep continues with ``resume=True``. What is this module's: the axes and their
+checks, the point function (:func:`_sweep_point`: every case of a point, one :func:`~kbwork.model.step`
+each, :func:`~kbwork.model.steps.compare_row` its row), the record's host, device and models, and what a row
+read back must hold (:func:`_read_row`, :func:`_check_row`).
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from ..config import Topology
 from .. import sweep as _engine
+from ..config import Topology
 from ..errors import ConfigError, KbworkError, ValidationError
 from .checks import check_batch, check_device_tasks, refuse_misnamed
 from .device import DEVICE_KEYS, DEVICE_V1, load_device
@@ -76,8 +79,12 @@ def sweep(*, variants: Sequence[str] = DEFAULT_VARIANTS, placements: Sequence[st
     point's rows as it finishes, with its ``point`` index, and ``<out>.meta.json`` beside it (written
     before the first row) records what decides the rows: the axes, the cases, the host, the device's
     topology and every swept model's content. ``resume=True`` continues a sweep from that file under the
-    same record (anything else is refused, saying what differs); every row read back is checked, and the
-    file is rewritten in point order at the end.
+    same record (anything else is refused, saying what differs); every row read back is checked: a damaged
+    one refuses the file, naming the line; one that is not a row the sweep wrote (the record keeps a
+    digest of every line) or that disagrees with itself (``tokens_per_s`` not the batch over ``seconds``,
+    the attention of every layer longer than the step, ``bound`` not ``bound_kind``) runs again, with a
+    warning naming the line and why, and so does the rest of its point. The file is rewritten in point
+    order at the end.
 
     Returns:
         One row per (point, case): the axis values (``model``, ``batch``, ``context`` first), then
@@ -91,8 +98,9 @@ def sweep(*, variants: Sequence[str] = DEFAULT_VARIANTS, placements: Sequence[st
             the sweep takes instead), an axis without values, a value of the wrong type (naming the axis), a
             batch beyond :data:`~kbwork.model.checks.MAX_BATCH` or, on the device, beyond
             :data:`~kbwork.model.checks.MAX_DEVICE_TASKS` tasks per layer, a bad variant, placement or
-            schedule, shared channels, a bad ``out`` (or one that exists without ``resume=True``, or holds
-            another sweep); all before the first point runs.
+            schedule, shared channels, ``resume=True`` without ``out``, a bad ``client``, a bad ``out`` (or
+            one that exists without ``resume=True``, holds another sweep or is damaged); all before the first
+            point runs.
         ConfigError: a bad model, host, device or key value.
     """
     refuse_misnamed(axes, "sweep")
