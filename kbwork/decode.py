@@ -656,7 +656,7 @@ _INT_METRICS = ("cycles", "dispatch_per_tile", "dispatch_total", "commands", "st
 #: of another version is not resumed; raise it whenever a change to kbwork changes the rows a sweep
 #: produces for the same settings (a cost model, a column's meaning).
 SWEEP_SCHEMA = 1
-#: The file a sweep keeps (the engine's, :class:`kbwork.sweep.SweepFile`).
+#: The file a sweep keeps: the engine's (:class:`kbwork.sweep.SweepFile`), under the name it had here.
 _SweepLog = SweepFile
 
 
@@ -753,7 +753,7 @@ def sweep(*, variants: tuple[str, ...] = DEFAULT_VARIANTS, progress: bool = True
         if mode == "data":
             _check_data_bytes(sizes["kv_len"], sizes["group"], sizes["head_dim"], where="sweep")
     return _engine.run(_sweep_front(variants, mode, base, attribution), names, values, points, out=out,
-                       resume=resume, progress=progress, workers=workers, client=client, log_class=_SweepLog)
+                       resume=resume, progress=progress, workers=workers, client=client)
 
 
 def _sweep_front(variants: tuple[str, ...], mode: str, base: Topology, attribution: bool) -> _engine.Front:

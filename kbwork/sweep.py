@@ -473,13 +473,12 @@ class _Kept:
 
 # --- running a sweep -------------------------------------------------------------------------------
 def run(front: Front, names: Sequence[str], values: Sequence[list], points: Sequence[dict], *, out: Any = None,
-        resume: bool = False, progress: bool = True, workers: int | None = None, client: Any = None,
-        log_class: type[SweepFile] | None = None) -> pd.DataFrame:
+        resume: bool = False, progress: bool = True, workers: int | None = None, client: Any = None) -> pd.DataFrame:
     """Every key's row at every point (the axes and points already checked by the front end).
 
     Points run where :func:`kbwork.parallel.map_tasks` says (``client``, ``workers``); ``out`` (a ``.csv``) keeps
     each point's rows as it finishes, ``resume=True`` continues from it (:class:`SweepFile`), and the finished file
-    is rewritten in point order. ``log_class`` is the file's class (:class:`SweepFile` by default).
+    is rewritten in point order.
 
     Returns:
         One row per (point, key), points in order, each point's keys in :attr:`Front.keys` order; columns: the
@@ -495,7 +494,7 @@ def run(front: Front, names: Sequence[str], values: Sequence[list], points: Sequ
     with parallel.connected(client) as dask_client:  # a bad client is refused before the file is touched
         log = None
         if out is not None:
-            log = (log_class or SweepFile)(out, front, names, points)
+            log = SweepFile(out, front, names, points)
             log.open(resume, make_record(front, names, values))
         rows_of: dict[int, dict[Hashable, dict]] = {i: dict(rows) for i, rows in (log.done.items() if log else ())}
         todo = []

@@ -248,21 +248,26 @@ def _sweep_front(names: list[str], values: list[list], todo_cases: list[tuple[st
 
 
 def _read_row(fields: dict[str, str], point: dict, bad: Any) -> dict[str, Any]:
-    """A row's metrics read back from a sweep file, typed; ``bad(column, want)`` for a value its column cannot
-    hold (times and rates finite and positive, the bounds named)."""
+    """A row's metrics read back from a sweep file, typed, in :data:`METRICS` order; ``bad(column, want)`` for
+    a value its column cannot hold (times and rates finite and positive, the bounds named). A column of
+    :func:`~kbwork.model.steps.compare_row` needs its reader here."""
     row: dict[str, Any] = {}
-    for column, positive in (("seconds", True), ("tokens_per_s", True), ("attention_us_per_layer", False)):
-        try:
-            v = float(fields[column])
-        except ValueError:
-            raise bad(column, "a number") from None
-        if not math.isfinite(v) or v < 0 or (positive and v == 0):
-            raise bad(column, "a finite number > 0" if positive else "a finite number >= 0")
-        row[column] = v
-    for column in ("bound_kind", "bound"):
-        if not fields[column]:
-            raise bad(column, "what bounds the step")
-        row[column] = fields[column]
+    for column in METRICS[3:]:
+        if column in ("seconds", "tokens_per_s", "attention_us_per_layer"):
+            positive = column != "attention_us_per_layer"
+            try:
+                v = float(fields[column])
+            except ValueError:
+                raise bad(column, "a number") from None
+            if not math.isfinite(v) or v < 0 or (positive and v == 0):
+                raise bad(column, "a finite number > 0" if positive else "a finite number >= 0")
+            row[column] = v
+        elif column in ("bound_kind", "bound"):
+            if not fields[column]:
+                raise bad(column, "what bounds the step")
+            row[column] = fields[column]
+        else:  # a new column of compare_row read back as text would differ from the row computed
+            raise AssertionError(f"model sweep: no reader for column {column!r}; add one to _read_row")
     return row
 
 
