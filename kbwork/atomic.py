@@ -24,8 +24,9 @@ from .errors import FileError, ValidationError
 __all__ = ["write_text", "write_bytes", "write_with", "append_whole", "check_output_path", "as_path"]
 
 
-def write_text(path: str | os.PathLike[str], text: str, *, encoding: str = "utf-8") -> Path:
-    """Write ``text`` to ``path`` atomically, byte for byte (no newline translation).
+def write_text(path: str | os.PathLike[str], text: str, *, encoding: str = "utf-8", sync: bool = True) -> Path:
+    """Write ``text`` to ``path`` atomically, byte for byte (no newline translation); ``sync`` as
+    :func:`write_with`.
 
     Returns:
         The path written (exactly ``path``; no suffix is added).
@@ -35,7 +36,7 @@ def write_text(path: str | os.PathLike[str], text: str, *, encoding: str = "utf-
             ``path``); an existing file at ``path`` is left intact.
     """
     data = text.encode(encoding)
-    return write_with(path, lambda f: f.write(data))
+    return write_with(path, lambda f: f.write(data), sync=sync)
 
 
 def write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
@@ -43,11 +44,15 @@ def write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     return write_with(path, lambda f: f.write(data))
 
 
-def write_with(path: str | os.PathLike[str], writer: Callable[[IO[bytes]], Any]) -> Path:
+def write_with(path: str | os.PathLike[str], writer: Callable[[IO[bytes]], Any], *, sync: bool = True) -> Path:
     """Call ``writer(f)`` with a binary file object and move what it wrote onto ``path`` atomically.
 
     ``writer`` may be any function that writes to a file object (``np.savez``,
     ``fig.savefig(f, format="png")``, ...); it must not close ``f``.
+    ``sync=False`` skips flushing the data to the disk before the move (several
+    milliseconds): the file is still whole or absent if the program stops, but
+    not necessarily if the machine does. For a file rewritten often whose loss
+    costs only work (a sweep's record between two points).
 
     An existing target that is not a regular file (``/dev/null``, a named
     pipe) cannot be replaced; it is written in place, as ``open`` would.
@@ -81,7 +86,8 @@ def write_with(path: str | os.PathLike[str], writer: Callable[[IO[bytes]], Any])
         with os.fdopen(fd, "wb") as f:
             writer(f)
             f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                os.fsync(f.fileno())
         if st is not None:
             os.chmod(tmp, stat.S_IMODE(st.st_mode))  # replacing a file keeps its permissions
         os.replace(tmp, real)

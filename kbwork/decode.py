@@ -13,6 +13,7 @@ end-to-end cycles and the numerical agreement against a float64 reference.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from collections.abc import Mapping, Sequence
@@ -24,13 +25,16 @@ import numpy as np
 import pandas as pd
 
 from . import analysis, atomic
+from . import sweep as _engine
 from .config import Topology, load_topology, sweepable_keys
 from .device.steady import check_steady_state
 from .errors import ConfigError, ValidationError
 from .kernels.gqa_decode import DEFAULT_VARIANTS, VARIANTS, gqa_decode
-from .memory import DTYPE_MAX, DTYPES, Arena, canonical_dtype
-from .sim import MODES, Run, Simulator, chunks
-from .sweepfile import SweepFile, check_switches
+# the inputs and the float64 reference live with the kernel; they are this module's public names too
+from .kernels.gqa_reference import REFERENCE_BLOCK, _max_abs, _rounded, baseline, make_inputs, reference  # noqa: F401
+from .memory import DTYPES, Arena, canonical_dtype
+from .sim import MODES, Run, Simulator
+from .sweep import SweepFile, check_switches
 
 DEFAULTS = dict(kv_len=4096, group=8, head_dim=128, tile=128, dtype="bf16", mode="data", seed=0)
 
@@ -42,98 +46,6 @@ MAX_TILES = 1 << 18
 #: reference works in blocks. A data-mode compare of two bf16 variants peaks at about 2.4x the float32
 #: K and V (measured at 256k tokens). Timing mode keeps no numbers.
 MAX_DATA_BYTES = 1 << 32
-
-
-# --- inputs and references ---------------------------------------------------------------------
-def make_inputs(kv_len: int, group: int = 8, head_dim: int = 128, dtype: str = "bf16",
-                seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Standard-normal q (G, d), k and v (N, d) from ``seed``, rounded to ``dtype``, as float32.
-
-    Drawn directly in float32 and rounded in place, a chunk at a time: no copy of K or V is made.
-    """
-    rng = np.random.default_rng(seed)
-    shapes = ((group, head_dim), (kv_len, head_dim), (kv_len, head_dim))
-    out = []
-    for s in shapes:
-        x = rng.standard_normal(s, dtype=np.float32)
-        if dtype != "fp32":
-            for sl in chunks(x):
-                x[sl] = x[sl].astype(DTYPES[dtype])
-        out.append(x)
-    return tuple(out)  # type: ignore[return-value]
-
-
-def _round(x: np.ndarray, dtype: str) -> np.ndarray:
-    return np.asarray(x, np.float32).astype(DTYPES[dtype]).astype(np.float32)
-
-
-def _rounded(x: np.ndarray, dtype: str, name: str = "x") -> np.ndarray:
-    """``x`` rounded to ``dtype``, as float32: ``x`` itself when it already is (a float32 array holding
-    ``dtype`` values: inputs passed on from an earlier run), else a new array, made a chunk at a time.
-
-    Raises:
-        ValidationError: finite values of ``x`` that overflow ``dtype`` (NaN and inf are left for ``sim.hbm``
-            to name).
-    """
-    if x.dtype == np.float32:
-        if dtype == "fp32":
-            return x
-        target = DTYPES[dtype]
-        with np.errstate(over="ignore", invalid="ignore"):
-            if all(np.array_equal(x[sl], x[sl].astype(target).astype(np.float32)) for sl in chunks(x)):
-                return x
-    out = np.empty(x.shape, np.float32)
-    with np.errstate(over="ignore", invalid="ignore"):  # what overflows is refused just below
-        for sl in chunks(x):
-            out[sl] = np.asarray(x[sl], np.float32).astype(DTYPES[dtype])
-            if not np.isfinite(out[sl]).all() and np.isfinite(np.asarray(x[sl], np.float64)).all():
-                # here, not in sim.hbm: it sees the rounded array, whose infs look like the caller's own
-                big = max(float(np.max(np.abs(np.asarray(x[c], np.float64)))) for c in chunks(x))
-                raise ValidationError(f"decode.run: {name} holds values up to {big:.4g}, which overflow {dtype} "
-                                      f"(largest finite {DTYPE_MAX[dtype]:.4g}); they would be stored as inf. "
-                                      f"Scale the data or use a wider dtype.")
-    return out
-
-
-#: Rows of K and V the float64 reference takes at a time (its float64 copies never hold more).
-REFERENCE_BLOCK = 1 << 12
-
-
-def reference(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """softmax(scale·QKᵀ)·V in float64 (scale = 1/sqrt(d)), from the given (already rounded) inputs.
-
-    Computed in blocks of :data:`REFERENCE_BLOCK` rows of K and V: the scores (G × N) are the largest array.
-    """
-    q64 = np.asarray(q, np.float64)
-    n = k.shape[0]
-    s = np.empty((q.shape[0], n), np.float64)
-    for r0 in range(0, n, REFERENCE_BLOCK):
-        s[:, r0:r0 + REFERENCE_BLOCK] = q64 @ np.asarray(k[r0:r0 + REFERENCE_BLOCK], np.float64).T
-    s /= math.sqrt(q.shape[1])
-    s -= s.max(axis=1, keepdims=True)  # in place: the scores become the probabilities, no copy beside them
-    p = np.exp(s, out=s)
-    p /= p.sum(axis=1, keepdims=True)
-    out = np.zeros((q.shape[0], v.shape[1]), np.float64)
-    for r0 in range(0, n, REFERENCE_BLOCK):
-        out += p[:, r0:r0 + REFERENCE_BLOCK] @ np.asarray(v[r0:r0 + REFERENCE_BLOCK], np.float64)
-    return out
-
-
-def baseline(q: np.ndarray, k: np.ndarray, v: np.ndarray, dtype: str) -> np.ndarray:
-    """Plain, non-tiled attention computed in the storage precision ``dtype``.
-
-    Every stored tensor (scores, probabilities, output) is rounded to
-    ``dtype``; arithmetic runs in float32. This is the FlashAttention test
-    suite's yardstick: a tiled kernel should be no more than ~2× its error.
-    """
-    s = _round((q @ k.T) * np.float32(1.0 / math.sqrt(q.shape[1])), dtype)
-    p = np.exp(s - s.max(axis=1, keepdims=True))
-    p = _round(p / p.sum(axis=1, keepdims=True, dtype=np.float32), dtype)
-    return _round(p @ v, dtype).astype(np.float64)
-
-
-def _max_abs(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
 
 
 # --- argument checks (before anything is allocated or simulated) -------------------------------
@@ -733,8 +645,17 @@ def compare(*, kv_len: int = 4096, group: int = 8, head_dim: int = 128, tile: in
     return cmp
 
 
-# --- sweeps ------------------------------------------------------------------------------------
+# --- sweeps: the front end of kbwork.sweep's engine ----------------------------------------------
 _SIZE_AXES = ("kv_len", "tile", "group", "head_dim")
+#: The columns of a sweep row after the axes (then :data:`kbwork.analysis.PATH_COLUMNS` with ``attribution``).
+SWEEP_METRICS = ("variant", "cycles", "us", "dispatch_per_tile", "dispatch_total", "commands", "stages", "n_tiles")
+_INT_METRICS = ("cycles", "dispatch_per_tile", "dispatch_total", "commands", "stages", "n_tiles")
+#: The version of what a sweep row means. It is recorded in every sweep file's ``.meta.json`` and a file
+#: of another version is not resumed; raise it whenever a change to kbwork changes the rows a sweep
+#: produces for the same settings (a cost model, a column's meaning).
+SWEEP_SCHEMA = 1
+#: The file a sweep keeps: the engine's (:class:`kbwork.sweep.SweepFile`), under the name it had here.
+_SweepLog = SweepFile
 
 
 def sweep_axes() -> tuple[str, ...]:
@@ -790,7 +711,11 @@ def sweep(*, variants: tuple[str, ...] = DEFAULT_VARIANTS, progress: bool = True
     exception: more variants than the file records extend it (its rows stay,
     the new variants' rows are added). Every row read back is checked (types,
     ranges, point index, the point's axis values); a damaged file is refused,
-    naming the line. At every moment the file holds every finished row and no
+    naming the line. A row that is not one the sweep wrote (the record keeps a
+    digest of every line) or that disagrees with itself (``us`` is not
+    ``cycles`` at the clock, the dispatch columns do not fit in the run, the
+    critical-path columns do not add up) is not taken back: it runs again, with
+    a warning naming the line and why. At every moment the file holds every finished row and no
     torn one: rows are appended whole, and a rewrite (dropping a torn last
     line, putting the finished sweep in point order) goes to a file beside it
     that then replaces it.
@@ -816,62 +741,43 @@ def sweep(*, variants: tuple[str, ...] = DEFAULT_VARIANTS, progress: bool = True
         ConfigError: a bad topology, or a topology value out of range.
         Any error of :func:`run` at a point, with its class and message.
     """
-    import itertools
-
-    from . import parallel
-
-    known = sweep_axes()
-    unknown = [a for a in axes if a not in known]
-    if unknown:
-        raise ValidationError(f"sweep: unknown axis {', '.join(unknown)}; axes are {', '.join(known)}.")
+    _engine.check_axis_names(axes, sweep_axes())  # read now: the key table may have grown since import
     variants = _check_variants(variants, "sweep")
     check_switches(resume, progress)
-    if resume and out is None:
-        raise ValidationError("sweep: resume=True continues the sweep recorded in out=, but no out= is given; pass "
-                              "the file the sweep writes to (out='sweep.csv').")
+    _engine.check_resume_has_out(resume, out)
     if attribution not in (True, False):
         raise ValidationError(f"sweep: attribution must be True or False, got {attribution!r}.")
     if not variants:
         raise ValidationError(f"sweep: variants is empty; give one or more of {', '.join(VARIANTS)}.")
     _check_mode(mode, where="sweep")
     names = list(axes)
-    values = [[v.item() if isinstance(v, np.generic) else v for v in
-               (list(v) if isinstance(v, (list, tuple, range, np.ndarray)) else [v])] for v in axes.values()]
+    values = _engine.axis_values(axes, names)
     base = load_topology(topology)
-    for name, vals in zip(names, values):  # every value checked before the first point runs
-        if not vals:
-            raise ValidationError(f"sweep: axis {name!r} has no values; give at least one.")
-        for val in vals:
-            _check_axis_value(name, val, base)
-    points = [dict(zip(names, point)) for point in itertools.product(*values)]
+    _engine.check_axes(names, values, lambda name, val: _check_axis_value(name, val, base))
+    points = _engine.points(names, values)
     for point in points:  # e.g. a kv_len that is not a multiple of some tile: fail now, not half-way
         sizes = {n: point.get(n, DEFAULTS[n]) for n in _SIZE_AXES}
         _check_sizes(where="sweep", **sizes)
         if mode == "data":
             _check_data_bytes(sizes["kv_len"], sizes["group"], sizes["head_dim"], where="sweep")
-    metrics = _SweepLog.METRICS + (analysis.PATH_COLUMNS if attribution else ())
-    with parallel.connected(client) as dask_client:  # a bad client is refused before the file is touched
-        log = None
-        if out is not None:
-            meta = _sweep_meta(names, values, variants, mode, base, metrics)
-            log = _SweepLog(out, names, variants, points, resume, metrics, meta, base)
-        rows_of: dict[int, dict[str, dict]] = {i: dict(rows) for i, rows in (log.done.items() if log else ())}
-        todo = [(i, [v for v in variants if v not in rows_of.get(i, {})]) for i in range(len(points))]
-        todo = [(i, missing) for i, missing in todo if missing]
-        tasks = [(points[i], tuple(missing), mode, base, attribution) for i, missing in todo]
+    return _engine.run(_sweep_front(variants, mode, base, attribution), names, values, points, out=out,
+                       resume=resume, progress=progress, workers=workers, client=client)
 
-        def finished(k: int, rows: list[dict]) -> None:
-            i = todo[k][0]
-            rows_of.setdefault(i, {}).update((row["variant"], row) for row in rows)
-            if log is not None:
-                log.append(i, rows)
 
-        parallel.map_tasks(_sweep_point, tasks, client=dask_client, workers=workers,
-                           progress=progress and sum(len(m) for _, m in todo) > 4, desc="sweep", unit="point",
-                           on_result=finished)
-    if log is not None:
-        log.rewrite(rows_of, variants)
-    return pd.DataFrame([rows_of[i][v] for i in range(len(points)) for v in variants])
+def _sweep_front(variants: tuple[str, ...], mode: str, base: Topology, attribution: bool) -> _engine.Front:
+    """What a decode sweep gives the engine: its point function, one row per variant, and its columns."""
+    from . import __version__
+
+    metrics = SWEEP_METRICS + (analysis.PATH_COLUMNS if attribution else ())
+    return _engine.Front(
+        label="sweep", what="kbwork.decode.sweep", schema=SWEEP_SCHEMA, point=_sweep_point,
+        task=lambda point, missing: (point, tuple(missing), mode, base, attribution),
+        keys=variants, key_columns=("variant",), metrics=metrics,
+        read_row=functools.partial(_read_row, topology=base, metrics=metrics),
+        check_row=functools.partial(_check_row, topology=base),
+        record={"kbwork": __version__, "mode": mode, "variants": list(variants), "topology": base.to_dict()},
+        keys_field="variants", compared=("mode", "variants", "columns"), setups=("topology",),
+        differs={"variants": _variants_differ, "columns": _columns_differ})
 
 
 def _sweep_point(task: tuple) -> list[dict]:
@@ -890,215 +796,69 @@ def _sweep_point(task: tuple) -> list[dict]:
     return rows
 
 
-#: The version of what a sweep row means. It is recorded in every sweep file's ``.meta.json`` and a file
-#: of another version is not resumed; raise it whenever a change to kbwork changes the rows a sweep
-#: produces for the same settings (a cost model, a column's meaning).
-SWEEP_SCHEMA = 1
+def _read_row(fields: dict[str, str], point: dict, bad: Any, *, topology: Topology,
+              metrics: tuple[str, ...]) -> dict[str, Any]:
+    """A row's metrics read back from a sweep file, typed; ``bad(column, want)`` for a value its column cannot
+    hold (``n_tiles`` is the point's, a count is a whole number, ``us`` a finite number of microseconds)."""
+    def whole(column: str, least: int = 0) -> int:
+        text = fields[column]
+        if not (text.isascii() and text.isdigit()) or int(text) < least:
+            raise bad(column, f"a whole number >= {least}")
+        return int(text)
 
-
-def _json_value(x: Any) -> Any:
-    """``x`` as it reads back from JSON (tuples become lists, numpy scalars Python numbers)."""
-    import json
-
-    return json.loads(json.dumps(x, default=lambda o: o.item() if isinstance(o, np.generic) else str(o)))
-
-
-def _sweep_meta(names: list[str], values: list[list], variants: tuple[str, ...], mode: str, base: Topology,
-                metrics: tuple[str, ...]) -> dict[str, Any]:
-    """Everything that decides a sweep's rows, as plain JSON values (the ``.meta.json`` sidecar)."""
-    from . import __version__
-
-    return _json_value({"what": "kbwork.decode.sweep", "schema": SWEEP_SCHEMA, "kbwork": __version__,
-                        "mode": mode, "axes": [[n, vals] for n, vals in zip(names, values)],
-                        "variants": list(variants), "columns": list(metrics), "topology": base.to_dict()})
-
-
-def _same_value(a: Any, b: Any) -> bool:
-    """Equal by value: ``0 == 0.0`` (an axis may mix ints and floats), but never a number and a string."""
-    num = (int, float)
-    if isinstance(a, bool) or isinstance(b, bool):
-        return a is b
-    if isinstance(a, num) and isinstance(b, num):
-        return a == b
-    return type(a) is type(b) and a == b
-
-
-def _same_values(a: Any, b: Any) -> bool:
-    return isinstance(a, list) and isinstance(b, list) and len(a) == len(b) and all(map(_same_value, a, b))
-
-
-def _meta_differences(recorded: dict[str, Any], meta: dict[str, Any]) -> list[str]:
-    """How the recorded sweep differs from this one, in words (empty: it may be resumed).
-
-    A recorded variant list that this sweep's contains is no difference (the file is extended); the
-    topology's name and the values of keys that an axis sets at every point are not compared either: they
-    decide no row.
-    """
-    diffs = []
-    if recorded.get("schema") != meta["schema"]:
-        diffs.append(f"it holds results of sweep schema {recorded.get('schema')!r} (kbwork "
-                     f"{recorded.get('kbwork', '?')}), this kbwork's is {meta['schema']}, whose rows differ")
-    if recorded.get("mode") != meta["mode"]:
-        diffs.append(f"mode {recorded.get('mode')!r} there, {meta['mode']!r} here")
-    rec_axes, axes = recorded.get("axes"), meta["axes"]
-    rec_names = [a[0] for a in rec_axes] if isinstance(rec_axes, list) and all(
-        isinstance(a, list) and len(a) == 2 for a in rec_axes) else None
-    names = [a[0] for a in axes]
-    if rec_names != names:
-        shown = f"({', '.join(map(str, rec_names))})" if rec_names else repr(rec_axes)
-        diffs.append(f"axes {shown} there, ({', '.join(names)}) here")
-    else:
-        for (name, was), (_, now) in zip(rec_axes, axes):
-            if not _same_values(was, now):
-                diffs.append(f"axis {name!r} is {was} there, {now} here")
-    rec_variants = recorded.get("variants")
-    if not isinstance(rec_variants, list) or not set(rec_variants) <= set(meta["variants"]):
-        missing = [v for v in rec_variants if v not in meta["variants"]] if isinstance(rec_variants, list) else []
-        diffs.append(f"variants {', '.join(map(str, rec_variants)) if isinstance(rec_variants, list) else rec_variants}"
-                     f" there, {', '.join(meta['variants'])} here"
-                     + (f" (without {', '.join(missing)}: a resume keeps every recorded variant and may add more)"
-                        if missing else ""))
-    if recorded.get("columns") != meta["columns"]:
-        def paths(columns: Any) -> bool:
-            return isinstance(columns, list) and any(str(c).startswith("path_") for c in columns)
-
-        was, now = paths(recorded.get("columns")), paths(meta["columns"])
-        diffs.append(f"attribution={was} there, {now} here (the critical-path columns)" if was != now else
-                     f"columns {recorded.get('columns')} there, {meta['columns']} here")
-    rec_topo, topo = recorded.get("topology"), meta["topology"]
-    if not isinstance(rec_topo, dict):
-        diffs.append("the file records no topology")
-    else:
-        swept = set(names)
-        for key in sorted(set(rec_topo) | set(topo)):
-            if key == "name" or key in swept:
-                continue
-            if key not in rec_topo or key not in topo or not _same_value(rec_topo[key], topo[key]):
-                diffs.append(f"topology {key} is {rec_topo.get(key, '(absent)')} there, {topo.get(key, '(absent)')} "
-                             f"here")
-    return diffs
-
-
-class _SweepLog(SweepFile):
-    """A sweep's rows on disk as they finish (``point`` first), so the sweep can resume from the file.
-
-    The sidecar ``<path>.meta.json`` records what decides the rows (:func:`_sweep_meta`). ``done`` maps
-    each point index to its rows already in the file, by variant.
-    """
-
-    METRICS = ("variant", "cycles", "us", "dispatch_per_tile", "dispatch_total", "commands", "stages", "n_tiles")
-
-    def __init__(self, path: str | Path, names: list[str], variants: tuple[str, ...], points: list[dict],
-                 resume: bool, metrics: tuple[str, ...], meta: dict[str, Any], topology: Topology):
-        self.metrics = tuple(metrics)
-        super().__init__(path, "kbwork.decode.sweep", "a kbwork sweep record", ["point", *names, *self.metrics])
-        self.done: dict[int, dict[str, dict]] = {}
-        recorded = self.open(resume, meta, _meta_differences)
-        if recorded is not None:
-            torn = self._read(names, variants, points, topology)
-            if recorded["variants"] != meta["variants"]:  # more variants: the record says so before any new row
-                self.write_record(meta)
-            if torn:  # drop the torn last line (and nothing else) before appending after it
-                self.write_rows({i: list(rows.values()) for i, rows in self.done.items()})
-
-    def read_record(self) -> dict[str, Any]:
-        recorded = super().read_record()
-        if not isinstance(recorded.get("variants"), list):
-            raise self.not_a_record()
-        return recorded
-
-    def _read(self, names: list[str], variants: tuple[str, ...], points: list[dict], topology: Topology) -> bool:
-        """Read and check every row into :attr:`done`; return whether the last line was torn (and dropped).
-
-        Raises:
-            ValidationError: the file is not UTF-8, its header is not this sweep's, or a row is damaged
-                (naming the line, the column and the value).
-        """
-        import csv
-
-        text = self.read_text()
-        lines = text.split("\n")
-        torn = lines.pop() != ""  # text after the last newline: a write cut short
-        if not lines or lines[0] + "\n" != self.header:
-            got = lines[0] if lines else text
-            raise self.refuse(f"its columns {got[:200]!r} are not this sweep's {','.join(self.columns)!r}; "
-                              f"write to another file.")
-        first_line: dict[tuple[int, str], int] = {}
-        for number, line in enumerate(lines[1:], start=2):
-            (fields,) = list(csv.reader([line])) or [[]]
-            if len(fields) != len(self.columns):
-                raise self.refuse(f"line {number} has {len(fields)} fields, not {len(self.columns)}: {line[:120]!r}; "
-                                  f"the file is damaged. Remove that line (its point then runs again) or write to "
-                                  f"another file.")
-            row = self._check_row(dict(zip(self.columns, fields)), number, names, variants, points, topology)
-            key = (row["point"], row["variant"])
-            if key in first_line:
-                raise self.refuse(f"line {number} repeats point {key[0]}'s {key[1]} row of line {first_line[key]}; "
-                                  f"the file is damaged. Remove one of them or write to another file.")
-            first_line[key] = number
-            i = row.pop("point")
-            self.done.setdefault(i, {})[row["variant"]] = {**points[i], **row}
-        return torn
-
-    _INT_METRICS = ("cycles", "dispatch_per_tile", "dispatch_total", "commands", "stages", "n_tiles")
-
-    def _check_row(self, fields: dict[str, str], number: int, names: list[str], variants: tuple[str, ...],
-                   points: list[dict], topology: Topology) -> dict[str, Any]:
-        """One row's metrics, typed, with its ``point``; a ValidationError naming what is wrong otherwise."""
-        def bad(column: str, want: str) -> ValidationError:
-            return self.refuse(f"line {number}: {column} is {fields[column]!r}, not {want}; the file is damaged. "
-                               f"Remove that line (its point then runs again) or write to another file.")
-
-        def whole(column: str, least: int = 0) -> int:
-            text = fields[column]
-            if not (text.isascii() and text.isdigit()) or int(text) < least:
-                raise bad(column, f"a whole number >= {least}")
-            return int(text)
-
-        i = whole("point")
-        if i >= len(points):
-            raise bad("point", f"a point index of this sweep (0 to {len(points) - 1})")
-        for name in names:
-            want = points[i][name]
-            text = fields[name]
-            if isinstance(want, str):
-                ok = text == want
-            else:
-                try:
-                    got: Any = int(text) if text.lstrip("-").isdigit() else float(text)
-                except ValueError:
-                    ok = False
-                else:
-                    ok = _same_value(got, want)
-            if not ok:
-                raise bad(name, f"point {i}'s {name} {want!r}")
-        if fields["variant"] not in variants:
-            raise bad("variant", f"one of this sweep's variants ({', '.join(variants)})")
-        row: dict[str, Any] = {"point": i, "variant": fields["variant"]}
-        for column in self._INT_METRICS:
-            row[column] = whole(column, 1 if column in ("cycles", "commands", "stages", "n_tiles") else 0)
-        try:
-            us = float(fields["us"])
-        except ValueError:
-            raise bad("us", "a number of microseconds") from None
-        if not math.isclose(us, topology.cycles_to_us(row["cycles"]), rel_tol=1e-9):
-            raise bad("us", f"cycles {row['cycles']} in microseconds ({topology.cycles_to_us(row['cycles'])!r})")
-        row["us"] = us
-        sizes = {n: points[i].get(n, DEFAULTS[n]) for n in ("kv_len", "tile")}
-        if row["n_tiles"] != sizes["kv_len"] // sizes["tile"]:
-            raise bad("n_tiles", f"point {i}'s kv_len / tile = {sizes['kv_len'] // sizes['tile']}")
-        paths = [c for c in self.metrics if c.startswith("path_")]
-        for column in paths:
+    row: dict[str, Any] = {c: whole(c, 0 if c.startswith("dispatch") else 1) for c in _INT_METRICS}
+    try:
+        us = float(fields["us"])
+    except ValueError:
+        raise bad("us", "a number of microseconds") from None
+    if not (math.isfinite(us) and us > 0):
+        raise bad("us", f"cycles {row['cycles']} in microseconds ({topology.cycles_to_us(row['cycles'])!r})")
+    row["us"] = us
+    sizes = {n: point.get(n, DEFAULTS[n]) for n in ("kv_len", "tile")}
+    if row["n_tiles"] != sizes["kv_len"] // sizes["tile"]:
+        raise bad("n_tiles", f"point {fields['point']}'s kv_len / tile = {sizes['kv_len'] // sizes['tile']}")
+    for column in metrics:
+        if column.startswith("path_"):
             row[column] = whole(column)
-        if paths:
-            for group in ([c for c in paths if c.startswith("path_PE_")], [c for c in paths if not
-                                                                            c.startswith("path_PE_")]):
-                if sum(row[c] for c in group) != row["cycles"]:
-                    raise bad(group[0], f"part of critical-path columns that add up to cycles {row['cycles']} "
-                                        f"(these add up to {sum(row[c] for c in group)})")
-        return {c: row[c] for c in ("point", *self.metrics)}
+    return {c: row[c] for c in metrics[1:]}
 
-    def rewrite(self, rows_of: dict[int, dict[str, dict]], variants: tuple[str, ...]) -> None:
-        """Replace the file (atomically) by the header and every row, in point order, each point's variants
-        in ``variants`` order."""
-        self.write_rows({i: [rows[v] for v in variants if v in rows] for i, rows in rows_of.items()})
+
+def _check_row(row: dict[str, Any], point: dict, *, topology: Topology) -> str | None:
+    """Why a decode sweep row disagrees with itself, or None: ``us`` is ``cycles`` at the clock; the commands'
+    DISPATCH stages (every tile's, at least) fit in ``dispatch_total``, which fits in the run; every command
+    has stages; each group of critical-path columns adds up to ``cycles``."""
+    cycles = row["cycles"]
+    if not math.isclose(row["us"], topology.cycles_to_us(cycles), rel_tol=1e-9):
+        return f"us {row['us']!r} is not cycles {cycles} in microseconds ({topology.cycles_to_us(cycles)!r})"
+    if not row["dispatch_per_tile"] * row["n_tiles"] <= row["dispatch_total"] <= cycles:
+        return (f"dispatch_per_tile {row['dispatch_per_tile']} x n_tiles {row['n_tiles']} <= dispatch_total "
+                f"{row['dispatch_total']} <= cycles {cycles} does not hold")
+    if row["commands"] > row["stages"]:
+        return f"commands {row['commands']} outnumber stages {row['stages']}"
+    paths = [c for c in row if c.startswith("path_")]
+    for group in ([c for c in paths if c.startswith("path_PE_")], [c for c in paths if not c.startswith("path_PE_")]):
+        if group and sum(row[c] for c in group) != cycles:
+            return f"{group[0]}, ... add up to {sum(row[c] for c in group)}, not cycles {cycles}"
+    return None
+
+
+def _variants_differ(recorded: Any, now: list[str]) -> str | None:
+    """A recorded variant list that this sweep's contains is no difference (the file is extended)."""
+    if isinstance(recorded, list) and set(recorded) <= set(now):
+        return None
+    missing = [v for v in recorded if v not in now] if isinstance(recorded, list) else []
+    return (f"variants {', '.join(map(str, recorded)) if isinstance(recorded, list) else recorded} there, "
+            f"{', '.join(now)} here" + (f" (without {', '.join(missing)}: a resume keeps every recorded variant and "
+                                        f"may add more)" if missing else ""))
+
+
+def _columns_differ(recorded: Any, now: list[str]) -> str | None:
+    if recorded == now:
+        return None
+
+    def paths(columns: Any) -> bool:
+        return isinstance(columns, list) and any(str(c).startswith("path_") for c in columns)
+
+    was, is_now = paths(recorded), paths(now)
+    return (f"attribution={was} there, {is_now} here (the critical-path columns)" if was != is_now else
+            f"columns {recorded} there, {now} here")

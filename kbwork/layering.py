@@ -42,6 +42,9 @@ PE_DIR = PACKAGE_DIR / "pe"
 #:   with and ``pe/`` instantiates loops with; it imports only ``errors``.
 #: * ``calibration`` is a foundation: it fits FIXED and R to measured tables (numbers in, numbers out,
 #:   nothing simulated) and ``model/`` reads the measured tables through it.
+#: * ``sweep`` is a foundation: the sweep engine behind ``decode.sweep`` and ``model.sweep`` (axes, the
+#:   resumable file and its record, running the points through ``parallel``); a front end hands it the
+#:   function a point runs, so it imports nothing of what it sweeps.
 #: * the package root (``kbwork/__init__.py``, written ``kbwork`` here) ranks with ``sim``: it
 #:   re-exports the simulator's surface (``Simulator``, ``Run``, ``Launch``, the commands, the errors),
 #:   so anything above ``sim`` may use ``kbwork.Simulator`` or ``kbwork.__version__``.
@@ -57,7 +60,7 @@ PE_DIR = PACKAGE_DIR / "pe"
 #:   ``kbwork bench`` to the benchmark and every other subcommand to ``cli``.
 RANKS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundations", ("config", "errors", "memory", "atomic", "parallel", "symbolic", "calibration", "argtypes",
-                     "sweepfile", "keys")),
+                     "sweep", "keys")),
     ("pe", ("pe",)),
     ("triton_emu", ("triton_emu",)),
     ("device", ("device",)),

@@ -1,16 +1,17 @@
 """Sweeps of decode steps: :func:`sweep`, on local processes or a Dask cluster, resumable (DESIGN.md §12, §15).
 
-Like :func:`kbwork.decode.sweep`: the cartesian product of the axes, each point
-one task of :func:`kbwork.parallel.map_tasks` (same DataFrame, same row order,
-wherever it ran), a ``tqdm`` bar, and an ``out=`` CSV that receives the rows
-as points finish so a stopped sweep continues with ``resume=True``.
+A front end of the sweep engine (:mod:`kbwork.sweep`), as :func:`kbwork.decode.sweep` is: the engine takes the
+cartesian product of the axes, runs each point as one task of :func:`kbwork.parallel.map_tasks` (same
+DataFrame, same row order, wherever it ran) with a ``tqdm`` bar, and keeps the rows in an ``out=`` CSV as
+points finish so a stopped sweep continues with ``resume=True``. What is this module's: the axes and their
+checks, the point function (:func:`_sweep_point`: every case of a point, one :func:`~kbwork.model.step`
+each, :func:`~kbwork.model.steps.compare_row` its row), the record's host, device and models, and what a row
+read back must hold (:func:`_read_row`, :func:`_check_row`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import io
-import itertools
 import math
 import numbers
 from pathlib import Path
@@ -19,16 +20,16 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from ..config import sweepable_keys
+from .. import sweep as _engine
+from ..config import Topology, sweepable_keys
 from ..errors import ConfigError, KbworkError, ValidationError
 from ..keys import sweepable_host_keys
-from ..sweepfile import SweepFile, check_switches
 from .checks import check_batch, check_device_tasks, refuse_misnamed
 from .device import DEVICE_KEYS, DEVICE_V1, load_device
 from .files import load_host, load_model
 from .schedule import SCHEDULES
-from .steps import AHBM, COMPARE_COLUMNS, DEFAULT_VARIANTS, NO_VARIANT, _check_choice, _check_tile, \
-    check_contexts, compare_row, step
+from .steps import AHBM, BOUND_KINDS, COMPARE_COLUMNS, DEFAULT_VARIANTS, HANDOFF, NO_VARIANT, _check_choice, \
+    _check_tile, check_contexts, compare_row, step
 from .steps import cases as _cases
 
 def sweep_axes() -> tuple[str, ...]:
@@ -84,8 +85,12 @@ def sweep(*, variants: Sequence[str] = DEFAULT_VARIANTS, placements: Sequence[st
     point's rows as it finishes, with its ``point`` index, and ``<out>.meta.json`` beside it (written
     before the first row) records what decides the rows: the axes, the cases, the host, the device's
     topology and every swept model's content. ``resume=True`` continues a sweep from that file under the
-    same record (anything else is refused, saying what differs); every row read back is checked, and the
-    file is rewritten in point order at the end.
+    same record (anything else is refused, saying what differs); every row read back is checked: a damaged
+    one refuses the file, naming the line; one that is not a row the sweep wrote (the record keeps a
+    digest of every line) or that disagrees with itself (``tokens_per_s`` not the batch over ``seconds``,
+    the attention of every layer longer than the step, ``bound`` not ``bound_kind``) runs again, with a
+    warning naming the line and why, and so does the rest of its point. The file is rewritten in point
+    order at the end.
 
     Returns:
         One row per (point, case): the axis values (``model``, ``batch``, ``context`` first), then
@@ -100,52 +105,29 @@ def sweep(*, variants: Sequence[str] = DEFAULT_VARIANTS, placements: Sequence[st
             the sweep takes instead), an axis without values, a value of the wrong type (naming the axis), a
             batch beyond :data:`~kbwork.model.checks.MAX_BATCH` or, on the device, beyond
             :data:`~kbwork.model.checks.MAX_DEVICE_TASKS` tasks per layer, a bad variant, placement or
-            schedule, shared channels, a bad ``out`` (or one that exists without ``resume=True``, or holds
-            another sweep); all before the first point runs.
+            schedule, shared channels, ``resume=True`` without ``out``, a bad ``client``, a bad ``out`` (or
+            one that exists without ``resume=True``, holds another sweep or is damaged); all before the first
+            point runs.
         ConfigError: a bad model, host, device or key value.
     """
-    from .. import parallel
-
     refuse_misnamed(axes, "sweep")
-    known = sweep_axes()
-    unknown = [a for a in axes if a not in known]
-    if unknown:
-        raise ValidationError(f"sweep: unknown axis {', '.join(unknown)}; axes are {', '.join(known)}.")
+    _engine.check_axis_names(axes, sweep_axes())  # read now: the key tables may have grown since import
     if "context" not in axes:
         raise ValidationError("sweep: give a context axis (KV lengths, e.g. context=[1024, 8192, 32768]).")
-    check_switches(resume, progress)
+    _engine.check_switches(resume, progress)
+    _engine.check_resume_has_out(resume, out)
     todo_cases = _case_list(variants, placements, schedules)
     base_host = load_host(host)
     base_device = load_device(device)
     axes = {**{k: v for k, v in _ALWAYS.items() if k not in axes}, **axes}
     names = ["model", "batch", "context"] + [n for n in axes if n not in ("model", "batch", "context")]
-    values = [list(v) if isinstance(v, (list, tuple, range, np.ndarray)) else [v] for v in (axes[n] for n in names)]
-    for name, vals in zip(names, values):
-        if not vals:
-            raise ValidationError(f"sweep: axis {name!r} has no values; give at least one.")
-        for val in vals:
-            _check_axis_value(name, val, base_host, base_device)
-    points = [{n: (v.item() if isinstance(v, np.generic) else v) for n, v in zip(names, p)}
-              for p in itertools.product(*values)]
+    values = _engine.axis_values(axes, names)
+    _engine.check_axes(names, values, lambda name, val: _check_axis_value(name, val, base_host, base_device))
+    points = _engine.points(names, values)
     for point in points:  # combinations (a context past the tile limit, pes vs channels): fail now
         _point_config(point, base_host, base_device, any(p == AHBM for _, p, _ in todo_cases))
-    log = (_SweepLog(out, names, todo_cases, points, bool(resume),
-                     _sweep_meta(names, values, todo_cases, base_host, base_device)) if out is not None else None)
-    todo = [i for i in range(len(points)) if log is None or i not in log.done]
-    tasks = [(points[i], todo_cases, base_host, base_device) for i in todo]
-    rows_of: dict[int, list[dict]] = dict(log.done) if log is not None else {}
-
-    def finished(k: int, rows: list[dict]) -> None:
-        rows_of[todo[k]] = rows
-        if log is not None:
-            log.append(todo[k], rows)
-
-    parallel.map_tasks(_sweep_point, tasks, client=client, workers=workers,
-                       progress=progress and len(tasks) * len(todo_cases) > 4, desc="model sweep", unit="point",
-                       on_result=finished)
-    if log is not None:
-        log.write_rows(rows_of)
-    df = pd.DataFrame([row for i in range(len(points)) for row in rows_of[i]], columns=[*names, *METRICS])
+    df = _engine.run(_sweep_front(names, values, todo_cases, base_host, base_device), names, values, points,
+                     out=out, resume=resume, progress=progress, workers=workers, client=client)
     record_setup(df, base_host, base_device)
     return df
 
@@ -244,24 +226,16 @@ def _sweep_point(task: tuple) -> list[dict]:
     return rows
 
 
-def _same(a: Any, b: Any) -> bool:
-    """A value read back from the CSV equals the point's (``2`` and ``2.0`` are the same number)."""
-    if isinstance(a, numbers.Real) and isinstance(b, numbers.Real) and not isinstance(a, bool) \
-            and not isinstance(b, bool):
-        return float(a) == float(b)
-    return str(a) == str(b)
-
-
 #: The version of a model sweep's rows; a file of another schema is not resumed.
 SWEEP_SCHEMA = 2  # 2: the fits column
 
 
-def _sweep_meta(names: list[str], values: list[list], todo_cases: list[tuple[str, str, str]], base_host: Any,
-                base_device: Any) -> dict[str, Any]:
-    """Everything that decides a model sweep's rows, as plain JSON values (the ``<out>.meta.json`` sidecar):
-    the axes, the cases, the host, the device's topology and the content of every model swept."""
+def _sweep_front(names: list[str], values: list[list], todo_cases: list[tuple[str, str, str]], base_host: Any,
+                 base_device: Any) -> _engine.Front:
+    """What a model sweep gives the engine: its point function (:func:`_sweep_point`, every case of a point),
+    one row per case, and its columns. The record holds the axes, the cases, the host, the device's topology and
+    the content of every model swept."""
     from .. import __version__
-    from ..decode import _json_value
 
     def fields(x: Any) -> dict[str, Any]:
         d = dataclasses.asdict(x)
@@ -269,102 +243,25 @@ def _sweep_meta(names: list[str], values: list[list], todo_cases: list[tuple[str
         return d
 
     models = {str(m): fields(load_model(m)) for m in values[names.index("model")]}
-    return _json_value({"what": "kbwork.model.sweep", "schema": SWEEP_SCHEMA, "kbwork": __version__,
-                        "axes": [[n, vals] for n, vals in zip(names, values)], "cases": todo_cases,
-                        "columns": list(METRICS), "host": fields(base_host),
-                        "device": base_device.topology.to_dict(), "models": models})
+    return _engine.Front(
+        label="model sweep", what="kbwork.model.sweep", schema=SWEEP_SCHEMA, point=_sweep_point,
+        task=lambda point, _keys: (point, todo_cases, base_host, base_device),
+        keys=tuple((v if p == AHBM else NO_VARIANT, p, s) for v, p, s in todo_cases),  # as the rows show them
+        key_columns=("variant", "placement", "schedule"), metrics=METRICS, read_row=_read_row, check_row=_check_row,
+        record={"kbwork": __version__, "cases": todo_cases, "host": fields(base_host),
+                "device": base_device.topology.to_dict(), "models": models},
+        keys_field="cases", compared=("cases", "columns", "models"), setups=("host", "device"),
+        whole_points=True, index_word="a point index")
 
 
-def _meta_differences(recorded: dict[str, Any], meta: dict[str, Any]) -> list[str]:
-    """How the recorded sweep differs from this one, in words (empty: it may be resumed). A host or device
-    key that an axis sets at every point decides no row and is not compared."""
-    from ..decode import _same_value, _same_values
-
-    diffs = []
-    if recorded.get("schema") != meta["schema"]:
-        diffs.append(f"it holds results of model sweep schema {recorded.get('schema')!r} (kbwork "
-                     f"{recorded.get('kbwork', '?')}), this kbwork's is {meta['schema']}, whose rows differ")
-    rec_axes = recorded.get("axes")
-    if not isinstance(rec_axes, list) or [a[0] if isinstance(a, list) and a else a for a in rec_axes] != \
-            [a[0] for a in meta["axes"]]:
-        diffs.append(f"the axes differ: {rec_axes!r} there, {[a[0] for a in meta['axes']]} here")
-    else:
-        moved = [f"axis {name!r} is {was} there, {now} here" for (name, was), (_, now) in zip(rec_axes, meta["axes"])
-                 if not _same_values(was, now)]
-        if moved:
-            diffs.append(f"the axes differ: {'; '.join(moved)}")
-    for key in ("cases", "columns", "models"):
-        if recorded.get(key) != meta[key]:
-            diffs.append(f"{key} {recorded.get(key)} there, {meta[key]} here")
-    swept = {a[0] for a in meta["axes"]}
-    for part in ("host", "device"):
-        was, now = recorded.get(part), meta[part]
-        if not isinstance(was, dict):
-            diffs.append(f"the file records no {part}")
-            continue
-        for key in sorted(set(was) | set(now)):
-            if key == "name" or key in swept:
-                continue
-            if key not in was or key not in now or not _same_value(was[key], now[key]):
-                diffs.append(f"{part} {key} is {was.get(key, '(absent)')} there, {now.get(key, '(absent)')} here")
-    return diffs
-
-
-class _SweepLog(SweepFile):
-    """A sweep's rows on disk as they finish (``point`` first), so the sweep can resume from the file.
-
-    The sidecar ``<path>.meta.json`` records what decides the rows (:func:`_sweep_meta`), written before
-    the first row; a resume under anything else is refused, saying what differs. Every row read back is
-    checked; a damaged one is refused, never returned.
-    """
-
-    def __init__(self, path: str | Path, names: list[str], todo_cases: list[tuple[str, str, str]],
-                 points: list[dict], resume: bool, meta: dict[str, Any]):
-        super().__init__(path, "kbwork.model.sweep", "a kbwork model sweep record", ["point", *names, *METRICS])
-        self.done: dict[int, list[dict]] = {}
-        if self.open(resume, meta, _meta_differences) is not None:
-            self._read(names, todo_cases, points)
-            self.write_rows(self.done)  # without the rows of points cut short, which run again
-
-    def _read(self, names: list[str], todo_cases: list[tuple[str, str, str]], points: list[dict]) -> None:
-        text = self.read_text()
-        if not text.endswith("\n"):  # a write cut short: drop the torn last line
-            text = text[:text.rfind("\n") + 1]
-        try:
-            df = pd.read_csv(io.StringIO(text), keep_default_na=False, dtype=str)
-        except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as exc:
-            raise self.refuse(f"it is not a sweep file ({exc}).") from None
-        if list(df.columns) != self.columns:
-            raise self.refuse(f"its columns {list(df.columns)} are not this sweep's {self.columns}; write to "
-                              f"another file.")
-        want_cases = [[v if p == AHBM else NO_VARIANT, p, s] for v, p, s in todo_cases]  # as the rows show them
-        for number, fields in enumerate(df.to_dict(orient="records"), start=2):
-            if not (fields["point"].isascii() and fields["point"].isdigit()):
-                raise self.refuse(f"line {number}: point is {fields['point']!r}, not a point index; the file is "
-                                  f"damaged. Remove that line (its point then runs again) or write to another file.")
-        df["point"] = df["point"].astype(int)
-        for point, group in df.groupby("point", sort=True):
-            i = int(point)
-            got = group[["variant", "placement", "schedule"]].values.tolist()
-            if not 0 <= i < len(points) or got != want_cases:
-                continue  # a point cut short (or from another sweep): run it again
-            want = points[i]
-            rows = []
-            for number, fields in zip(group.index + 2, group.to_dict(orient="records")):
-                if not all(_same(_number_or_text(fields[n]), want[n]) for n in names):
-                    raise self.refuse(f"its point {i} is { {n: fields[n] for n in names} }, this sweep's is "
-                                      f"{want}; the axes differ.")
-                rows.append({**want, **self._metrics(fields, number, want)})
-            self.done[i] = rows
-
-    def _metrics(self, fields: dict[str, str], number: int, point: dict) -> dict[str, Any]:
-        """One row's metrics, typed and checked (``tokens_per_s`` is the batch over ``seconds``)."""
-        def bad(column: str, want: str) -> ValidationError:
-            return self.refuse(f"line {number}: {column} is {fields[column]!r}, not {want}; the file is damaged. "
-                               f"Remove that line (its point then runs again) or write to another file.")
-
-        row: dict[str, Any] = {c: fields[c] for c in ("variant", "placement", "schedule")}
-        for column, positive in (("seconds", True), ("tokens_per_s", True), ("attention_us_per_layer", False)):
+def _read_row(fields: dict[str, str], point: dict, bad: Any) -> dict[str, Any]:
+    """A row's metrics read back from a sweep file, typed, in :data:`METRICS` order; ``bad(column, want)`` for
+    a value its column cannot hold (times and rates finite and positive, the bounds named). A column of
+    :func:`~kbwork.model.steps.compare_row` needs its reader here."""
+    row: dict[str, Any] = {}
+    for column in METRICS[3:]:
+        if column in ("seconds", "tokens_per_s", "attention_us_per_layer"):
+            positive = column != "attention_us_per_layer"
             try:
                 v = float(fields[column])
             except ValueError:
@@ -372,21 +269,34 @@ class _SweepLog(SweepFile):
             if not math.isfinite(v) or v < 0 or (positive and v == 0):
                 raise bad(column, "a finite number > 0" if positive else "a finite number >= 0")
             row[column] = v
-        if not math.isclose(row["tokens_per_s"], point["batch"] / row["seconds"], rel_tol=1e-9):
-            raise bad("tokens_per_s", f"the batch {point['batch']} over seconds {row['seconds']!r}")
-        for column in ("bound_kind", "bound"):
+        elif column in ("bound_kind", "bound"):
             if not fields[column]:
                 raise bad(column, "what bounds the step")
             row[column] = fields[column]
-        if fields["fits"] not in ("True", "False"):
-            raise bad("fits", "True or False")
-        row["fits"] = fields["fits"] == "True"
-        return row
+        elif column == "fits":
+            if fields[column] not in ("True", "False"):
+                raise bad(column, "True or False")
+            row[column] = fields[column] == "True"
+        else:  # a new column of compare_row read back as text would differ from the row computed
+            raise AssertionError(f"model sweep: no reader for column {column!r}; add one to _read_row")
+    return row
 
 
-def _number_or_text(text: str) -> Any:
-    """A CSV field as the value it was written from: a number if it reads as one, else the text."""
-    try:
-        return int(text) if text.lstrip("-").isdigit() else float(text)
-    except ValueError:
-        return text
+def _check_row(row: dict[str, Any], point: dict) -> str | None:
+    """Why a model sweep row disagrees with itself, or None: ``tokens_per_s`` is the batch over ``seconds``; the
+    attention of every layer fits in the step; ``bound`` says ``bound_kind`` (with the device run's own bound
+    after ``"ahbm: "``), a kind the placement can have."""
+    seconds, batch = row["seconds"], point["batch"]
+    if not math.isclose(row["tokens_per_s"], batch / seconds, rel_tol=1e-9):
+        return f"tokens_per_s {row['tokens_per_s']!r} is not the batch {batch} over seconds {seconds!r}"
+    layers = load_model(point["model"]).layers
+    attention_s = row["attention_us_per_layer"] * 1e-6 * layers
+    if attention_s > seconds * (1 + 1e-9):
+        return (f"attention_us_per_layer {row['attention_us_per_layer']!r} over {layers} layers is "
+                f"{attention_s!r} s, longer than the whole step ({seconds!r} s)")
+    kind, bound = row["bound_kind"], row["bound"]
+    if kind not in BOUND_KINDS or (row["placement"] != AHBM and kind in (AHBM, HANDOFF)):
+        return f"bound_kind {kind!r} is not what can bound a step placed on {row['placement']}"
+    if bound != kind and not (kind == AHBM and bound.startswith(f"{AHBM}: ")):
+        return f"bound {bound!r} contradicts bound_kind {kind!r}"
+    return None
