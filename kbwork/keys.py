@@ -307,6 +307,9 @@ TOPOLOGY = KeyTable("topology", (
     Key("plan_cycles_per_op", int, 2, "cycles per op", "the per-op part of a PLAN", zero=True),
     Key("hazard_policy", str, "strict_fifo", "", "how the scheduler orders commands that touch the same "
         "bytes ([timeline.md](timeline.md#hazards))", choices=("strict_fifo", "rw_aware")),
+    Key("p_dtype", str, "fp32", "", "the dtype decode writes P in (the `a` of P·V): `bf16` rounds P when it is "
+        "written, as FlashAttention does, and P·V's FETCH reads 2 bytes per element of P; S, m, l and O stay fp32 "
+        "([machine.md](machine.md#precision))", choices=("fp32", "bf16")),
     Key("dma_base_cycles", int, 200, _CYC, "the fixed latency of one DMA transfer (its access phase)", zero=True,
         planned=True),
     Key("dma_bytes_per_cycle", int, 64, "bytes per cycle", "DMA bandwidth of one DMA unit", planned=True),

@@ -226,6 +226,7 @@ DESIGN_DEFAULTS = dict(
     tcm_bytes=1 << 20,
     pes=1, hbm_channels=1, channel_bytes_per_cycle=float("inf"),  # DESIGN §14: one PE alone
     hbm_gib=float("inf"),  # DESIGN §15 "Capacity: what fits": ahbm-pe-v1's HBM is unbounded
+    p_dtype="fp32",  # DESIGN §17: P written in fp32 unless asked
 )
 
 

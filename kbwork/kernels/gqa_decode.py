@@ -43,6 +43,7 @@ from typing import Callable
 from ..errors import ValidationError
 from ..memory import Handle, Ring
 from ..triton_emu.tl_context import TLContext
+from ..triton_emu.tl_recipes import softmax_merge_recipe
 
 
 @dataclass
@@ -55,6 +56,8 @@ class DecodeState:
     O: Handle
     S: Ring
     scratch: dict[str, Handle] = field(default_factory=dict)
+    #: the dtype P is written in: the topology's ``p_dtype`` (DESIGN.md §17), read once, in :func:`gqa_decode`
+    p_dtype: str = "fp32"
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,7 @@ class Variant:
 
 
 def _merge_opt2(tl: TLContext, st: DecodeState, Sj: Handle, Vj: Handle) -> None:
-    tl.composite(prologue=[{"op": "softmax_merge", "s": Sj, "m": st.m, "l": st.l, "O": st.O}],
+    tl.composite(prologue=[{"op": softmax_merge_recipe(st.p_dtype), "s": Sj, "m": st.m, "l": st.l, "O": st.O}],
                  op="gemm", b=Vj, out=st.O, epilogue=[{"op": "add", "other": st.O}], label="pv_merge")
 
 
@@ -83,7 +86,7 @@ def _setup_opt3(tl: TLContext, st: DecodeState) -> None:
     G, T = st.S[0].shape
     for n in ("m_loc", "m_new", "corr", "l_loc"):
         st.scratch[n] = tl.alloc((G, 1), "fp32", name=n)
-    st.scratch["P"] = tl.alloc((G, T), "fp32", name="P")
+    st.scratch["P"] = tl.alloc((G, T), st.p_dtype, name="P")
 
 
 def _merge_opt3(tl: TLContext, st: DecodeState, Sj: Handle, Vj: Handle) -> None:
@@ -102,7 +105,7 @@ def _merge_opt3(tl: TLContext, st: DecodeState, Sj: Handle, Vj: Handle) -> None:
 
 
 def _merge_a1(tl: TLContext, st: DecodeState, Sj: Handle, Vj: Handle) -> None:
-    merged = tl.composite(op="math", prologue=[{"op": "softmax_merge", "s": Sj, "m": st.m, "l": st.l, "O": st.O}],
+    merged = tl.composite(op="math", prologue=[{"op": softmax_merge_recipe(st.p_dtype), "s": Sj, "m": st.m, "l": st.l, "O": st.O}],
                           label="merge")
     tl.composite(op="gemm", a=merged.primary_out, b=Vj, out=st.O, epilogue=[{"op": "add", "other": st.O}],
                  label="pv")
@@ -160,7 +163,8 @@ def gqa_decode(tl: TLContext, q: Handle, k: Handle, v: Handle, out: Handle, *, v
     m = tl.full((G, 1), -math.inf, "fp32", name="m", label="fill m")
     l = tl.full((G, 1), 0.0, "fp32", name="l", label="fill l")
     O = tl.full((G, d), 0.0, "fp32", name="O", label="fill O")
-    st = DecodeState(m, l, O, tl.ring(2, (G, tile), "fp32", name="S"))
+    # the one place the decode kernel reads the topology: the dtype P is written in (DESIGN.md §17)
+    st = DecodeState(m, l, O, tl.ring(2, (G, tile), "fp32", name="S"), p_dtype=tl.topo.p_dtype)
     if spec.setup is not None:  # kernel-scope scratch, allocated once
         spec.setup(tl, st)
 

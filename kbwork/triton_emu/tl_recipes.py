@@ -25,6 +25,7 @@ plan cache keys on flat-op signatures only.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 import re
@@ -263,6 +264,28 @@ RECIPE_DESCRIPTORS["softmax_merge"] = RecipeDescriptor(
     ),
     doc="Online-softmax merge of a score tile s into the running (m, l, O); emits P = exp(s - m_new).",
 )
+
+# The same merge writing P in bf16 (DESIGN.md §17, topology key p_dtype = "bf16"): P is rounded when exp_diff
+# writes it, so rsum and the head GEMM read the rounded values, as FlashAttention's P·V does. Only the dtype
+# of P differs; a decode kernel picks one of the two by :func:`softmax_merge_recipe`.
+RECIPE_DESCRIPTORS["softmax_merge_p_bf16"] = dataclasses.replace(
+    RECIPE_DESCRIPTORS["softmax_merge"], name="softmax_merge_p_bf16",
+    scratch=RECIPE_DESCRIPTORS["softmax_merge"].scratch[:-1] + (ScratchSpec("P", "s", "bf16"),),
+    doc="softmax_merge with P written in bf16 (rounded as written); S, m, l and O as the operands are.")
+
+
+def softmax_merge_recipe(p_dtype: str) -> str:
+    """The name of the softmax-merge recipe that writes P in ``p_dtype`` (``"fp32"``: P in the scores' dtype,
+    ``"bf16"``: rounded to bf16).
+
+    Raises:
+        ValidationError: another dtype.
+    """
+    names = {"fp32": "softmax_merge", "bf16": "softmax_merge_p_bf16"}
+    if p_dtype not in names:
+        raise ValidationError(f"P dtype {p_dtype!r} has no softmax-merge recipe; use one of {', '.join(names)}.")
+    return names[p_dtype]
+
 
 RECIPE_DESCRIPTORS["rmsnorm"] = RecipeDescriptor(
     name="rmsnorm",
