@@ -31,7 +31,8 @@ from .device.steady import check_steady_state
 from .errors import ConfigError, ValidationError
 from .kernels.gqa_decode import DEFAULT_VARIANTS, VARIANTS, gqa_decode
 # the inputs and the float64 reference live with the kernel; they are this module's public names too
-from .kernels.gqa_reference import REFERENCE_BLOCK, _max_abs, _rounded, baseline, make_inputs, reference  # noqa: F401
+from .kernels.gqa_reference import (OUT_DTYPES, REFERENCE_BLOCK, _max_abs, _rounded, baseline,  # noqa: F401
+                                    check_dtypes, check_fp8_range, make_inputs, reference)
 from .memory import DTYPES, Arena, canonical_dtype
 from .sim import MODES, Run, Simulator
 from .sweep import SweepFile, check_switches
@@ -253,7 +254,8 @@ class DecodeRun:
 def run(variant: str, *, kv_len: int = 4096, group: int = 8, head_dim: int = 128, tile: int = 128,
         dtype: str = "bf16", mode: str = "data", topology: Topology | str | None = None, seed: int = 0,
         q: np.ndarray | None = None, k: np.ndarray | None = None, v: np.ndarray | None = None,
-        steady_state: bool = True, **overrides: Any) -> DecodeRun:
+        steady_state: bool = True, out_dtype: str = "fp32", kv_dtype: str | None = None,
+        **overrides: Any) -> DecodeRun:
     """Simulate one decode variant (DESIGN.md §7).
 
     >>> from kbwork import decode
@@ -267,6 +269,10 @@ def run(variant: str, *, kv_len: int = 4096, group: int = 8, head_dim: int = 128
             ``"a1"`` (3: the merge recipe as a MATH-only command, then P·V; ADR-0065's rejected A1).
         kv_len, group, head_dim, tile: N, G, d and T. ``kv_len`` must be a multiple of ``tile``.
         dtype: storage dtype of q, k, v (``"bf16"``, ``"fp16"``, ``"fp32"``).
+        out_dtype: the dtype of the output O in HBM (``"fp32"``, or ``"bf16"``: O rounded once, at the store).
+        kv_dtype: the dtype of K and V (default: ``dtype``); ``"fp8"`` is e4m3fn, 1 byte per element. fp8
+            K and V are the seed's ``dtype`` values rounded to fp8; given k or v must be finite and within
+            ±448, checked as given, before any rounding (DESIGN.md §17).
         mode: ``"data"`` (numbers) or ``"timing"`` (schedule only).
         topology: a Topology, a topology name or path; ``None`` for the default.
         seed: seeds the standard-normal inputs when q, k, v are not given.
@@ -281,7 +287,8 @@ def run(variant: str, *, kv_len: int = 4096, group: int = 8, head_dim: int = 128
         A :class:`DecodeRun`.
 
     Raises:
-        ValidationError: an unknown variant, mode or dtype; a seed that is not a
+        ValidationError: an unknown variant, mode or dtype; fp8 K or V values outside ±448 or NaN (naming
+            the tensor and the value); a seed that is not a
             non-negative int; bad shapes or kv length; more than :data:`MAX_TILES`
             tiles, or data-mode inputs beyond :data:`MAX_DATA_BYTES`.
         ConfigError: a bad topology (wrong type, missing file, bad keys or values).
@@ -290,7 +297,7 @@ def run(variant: str, *, kv_len: int = 4096, group: int = 8, head_dim: int = 128
     _check_variant(variant)
     _check_mode(mode)
     _check_seed(seed)
-    dtype = canonical_dtype(dtype)
+    dtype, out_dtype, kv_dtype = check_dtypes(dtype, out_dtype, kv_dtype)
     topo = load_topology(topology, **overrides)
     given = [x is not None for x in (q, k, v)]
     if any(given) and not all(given):
@@ -300,7 +307,10 @@ def run(variant: str, *, kv_len: int = 4096, group: int = 8, head_dim: int = 128
         if q.ndim != 2 or k.ndim != 2 or k.shape != v.shape or k.shape[1] != q.shape[1]:
             raise ValidationError(f"decode.run: q must be (G, d) and k, v (N, d); got q {q.shape}, k {k.shape}, "
                                   f"v {v.shape}.")
-        q, k, v = (_rounded(x, dtype, name) for name, x in (("q", q), ("k", k), ("v", v)))
+        if kv_dtype == "fp8":  # on the values as given, before any rounding
+            check_fp8_range("k", k)
+            check_fp8_range("v", v)
+        q, k, v = _rounded(q, dtype, "q"), _rounded(k, kv_dtype, "k"), _rounded(v, kv_dtype, "v")
         group, head_dim = q.shape
         kv_len = k.shape[0]
     _check_sizes(kv_len=kv_len, group=group, head_dim=head_dim, tile=tile)
@@ -308,7 +318,7 @@ def run(variant: str, *, kv_len: int = 4096, group: int = 8, head_dim: int = 128
     if mode == "data" and q is None:
         _check_data_bytes(kv_len, group, head_dim)
     params = dict(kv_len=int(kv_len), group=int(group), head_dim=int(head_dim), tile=int(tile), dtype=dtype,
-                  mode=mode, seed=int(seed), fixed_cycles=topo.fixed_cycles, r_cycles_per_byte=topo.r_cycles_per_byte,
+                  kv_dtype=kv_dtype, out_dtype=out_dtype, p_dtype=topo.p_dtype, mode=mode, seed=int(seed), fixed_cycles=topo.fixed_cycles, r_cycles_per_byte=topo.r_cycles_per_byte,
                   hazard_policy=topo.hazard_policy, topology=topo.name)
     sim = Simulator(topo, mode=mode)
     data = mode == "data"
@@ -316,9 +326,12 @@ def run(variant: str, *, kv_len: int = 4096, group: int = 8, head_dim: int = 128
         try:
             if q is None:
                 q, k, v = make_inputs(kv_len, group, head_dim, dtype, seed)
-            isz = DTYPES[dtype].itemsize
-            sim.reserve((q.size + k.size + v.size) * isz + group * head_dim * 4 + 4 * Arena.ALIGN)
-            qh, kh, vh = sim.hbm("q", q, dtype=dtype), sim.hbm("K", k, dtype=dtype), sim.hbm("V", v, dtype=dtype)
+                if kv_dtype != dtype:  # the seed's values, rounded to the KV dtype
+                    k, v = _rounded(k, kv_dtype, "k"), _rounded(v, kv_dtype, "v")
+            isz, kv_isz = DTYPES[dtype].itemsize, DTYPES[kv_dtype].itemsize
+            sim.reserve(q.size * isz + (k.size + v.size) * kv_isz + group * head_dim * 4 + 4 * Arena.ALIGN)
+            qh, kh, vh = (sim.hbm("q", q, dtype=dtype), sim.hbm("K", k, dtype=kv_dtype),
+                          sim.hbm("V", v, dtype=kv_dtype))
         except MemoryError:
             # under MAX_DATA_BYTES but more than this machine has free: still say what was asked
             need = _input_bytes(kv_len, group, head_dim)
@@ -327,9 +340,9 @@ def run(variant: str, *, kv_len: int = 4096, group: int = 8, head_dim: int = 128
                                   f"again in the simulated HBM); use mode='timing' or smaller sizes.") from None
     else:
         qh = sim.hbm("q", shape=(group, head_dim), dtype=dtype)
-        kh = sim.hbm("K", shape=(kv_len, head_dim), dtype=dtype)
-        vh = sim.hbm("V", shape=(kv_len, head_dim), dtype=dtype)
-    out = sim.hbm("out", shape=(group, head_dim), dtype="fp32")
+        kh = sim.hbm("K", shape=(kv_len, head_dim), dtype=kv_dtype)
+        vh = sim.hbm("V", shape=(kv_len, head_dim), dtype=kv_dtype)
+    out = sim.hbm("out", shape=(group, head_dim), dtype=out_dtype)
     r = sim.run(gqa_decode, qh, kh, vh, out, variant=variant, tile=tile, steady_state=steady_state)
     res = DecodeRun(variant, r, params)
     if data:
@@ -601,8 +614,11 @@ def tcm_bytes_that_fit(variants: Sequence[str], *, tile: int, group: int, head_d
 
 def compare(*, kv_len: int = 4096, group: int = 8, head_dim: int = 128, tile: int = 128, dtype: str = "bf16",
             mode: str = "data", topology: Topology | str | None = None, seed: int = 0,
-            variants: tuple[str, ...] = DEFAULT_VARIANTS, **overrides: Any) -> Comparison:
+            variants: tuple[str, ...] = DEFAULT_VARIANTS, out_dtype: str = "fp32", kv_dtype: str | None = None,
+            **overrides: Any) -> Comparison:
     """Run two or more variants (default opt2 and opt3) on the same inputs and topology and compare them.
+
+    ``out_dtype`` and ``kv_dtype`` are :func:`run`'s (DESIGN.md §17), the same for every variant.
 
     Returns:
         A :class:`Comparison` with the per-tile dispatch of every variant, the
@@ -621,7 +637,7 @@ def compare(*, kv_len: int = 4096, group: int = 8, head_dim: int = 128, tile: in
         raise ValidationError(f"decode.compare needs two or more variants, got {variants!r}; "
                               f"use decode.run for one.")
     kw = dict(kv_len=kv_len, group=group, head_dim=head_dim, tile=tile, dtype=dtype, mode=mode,
-              topology=topology, seed=seed, **overrides)
+              topology=topology, seed=seed, out_dtype=out_dtype, kv_dtype=kv_dtype, **overrides)
     runs: dict[str, DecodeRun] = {}
     for v in variants:
         runs[v] = run(v, **kw)
@@ -647,6 +663,7 @@ def compare(*, kv_len: int = 4096, group: int = 8, head_dim: int = 128, tile: in
 
 # --- sweeps: the front end of kbwork.sweep's engine ----------------------------------------------
 _SIZE_AXES = ("kv_len", "tile", "group", "head_dim")
+_DTYPE_AXES = ("dtype", "kv_dtype", "out_dtype")
 #: The columns of a sweep row after the axes (then :data:`kbwork.analysis.PATH_COLUMNS` with ``attribution``).
 SWEEP_METRICS = ("variant", "cycles", "us", "dispatch_per_tile", "dispatch_total", "commands", "stages", "n_tiles")
 _INT_METRICS = ("cycles", "dispatch_per_tile", "dispatch_total", "commands", "stages", "n_tiles")
@@ -659,9 +676,10 @@ _SweepLog = SweepFile
 
 
 def sweep_axes() -> tuple[str, ...]:
-    """What :func:`sweep` can sweep: the sizes of a run, its dtype, and every topology key the key table lets a
-    sweep vary (:func:`kbwork.config.sweepable_keys`)."""
-    return (*_SIZE_AXES, "dtype", *sweepable_keys())
+    """What :func:`sweep` can sweep: the sizes of a run, its dtypes (``dtype``, ``kv_dtype``, ``out_dtype``), and
+    every topology key the key table lets a sweep vary (:func:`kbwork.config.sweepable_keys`, ``p_dtype``
+    among them)."""
+    return (*_SIZE_AXES, *_DTYPE_AXES, *sweepable_keys())
 
 
 #: :func:`sweep_axes` when kbwork was imported.
@@ -673,11 +691,11 @@ def _check_axis_value(name: str, val: Any, base: Topology) -> None:
     if name in _SIZE_AXES:
         if isinstance(val, (bool, np.bool_)) or not isinstance(val, numbers.Integral) or val <= 0:
             raise ValidationError(f"sweep: axis {name!r} takes positive ints, got {val!r} ({type(val).__name__}).")
-    elif name == "dtype":
+    elif name in _DTYPE_AXES:
         try:
-            canonical_dtype(val)
+            check_dtypes(**{"dtype": "bf16", name: val}, where="sweep")
         except ValidationError as exc:
-            raise ValidationError(f"sweep: axis 'dtype': {exc}") from None
+            raise ValidationError(f"sweep: axis {name!r}: {exc}") from None
     else:
         try:
             base.replace(**{name: val})

@@ -41,23 +41,25 @@ class Space(str, enum.Enum):
         return self.value
 
 
-#: Canonical dtype name -> numpy dtype. Element sizes: bf16/fp16 2 B, fp32 4 B.
+#: Canonical dtype name -> numpy dtype. Element sizes: fp8 1 B, bf16/fp16 2 B, fp32 4 B. ``fp8`` is OCP e4m3fn
+#: (largest finite 448, no inf: a value beyond it would be NaN, so what is placed in fp8 is range-checked first).
 DTYPES: dict[str, np.dtype] = {
     "bf16": np.dtype(ml_dtypes.bfloat16),
     "fp16": np.dtype(np.float16),
     "fp32": np.dtype(np.float32),
+    "fp8": np.dtype(ml_dtypes.float8_e4m3fn),
 }
 #: The largest finite value of each dtype (beyond it a value is stored as inf).
 DTYPE_MAX: dict[str, float] = {name: float(ml_dtypes.finfo(d).max) for name, d in DTYPES.items()}
 _ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32",
-            "f32": "fp32", "f16": "fp16"}
+            "f32": "fp32", "f16": "fp16", "float8_e4m3fn": "fp8", "e4m3fn": "fp8", "fp8_e4m3fn": "fp8"}
 
 
 _CANONICAL = frozenset(DTYPES)
 
 
 def canonical_dtype(dtype: object) -> str:
-    """Return the canonical name (``"bf16"``, ``"fp16"``, ``"fp32"``) of ``dtype``.
+    """Return the canonical name (``"bf16"``, ``"fp16"``, ``"fp32"``, ``"fp8"``) of ``dtype``.
 
     Accepts canonical names, common aliases and numpy dtypes.
 

@@ -47,3 +47,103 @@ def test_the_bf16_kernel_is_deterministic():
     a, b = decode.run("opt2", **kw), decode.run("opt2", **kw)
     assert a.O.tobytes() == b.O.tobytes()
     assert a.to_csv() == b.to_csv()
+
+
+# --- kv_dtype="fp8" (e4m3fn) and out_dtype ------------------------------------------------------------------
+def _qkv(n=256, seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((G, D)).astype(np.float32), rng.standard_normal((n, D)).astype(np.float32),
+            rng.standard_normal((n, D)).astype(np.float32))
+
+
+def test_e4m3fn_round_trip_of_random_values_and_the_range_edges():
+    from kbwork import Simulator
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((64, 16)) * 50).astype(np.float32)
+    x[0, :4] = [448.0, -448.0, 0.0, 2.0 ** -9]  # the largest finite values and the smallest subnormal
+    fp8 = x.astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    assert np.isfinite(fp8).all() and list(fp8[0, :4]) == [448.0, -448.0, 0.0, 2.0 ** -9]
+    sim = Simulator()
+    h = sim.hbm("K", fp8, dtype="fp8")
+    assert h.dtype == "fp8" and h.nbytes == fp8.size  # 1 byte per element
+    # through a decode: K and V already in fp8 come back exactly, ±448 included
+    q, k, v = _qkv(128)
+    k[0, 0], k[1, 1], v[2, 2], v[3, 3] = 448.0, -448.0, 448.0, -448.0
+    k8 = k.astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    v8 = v.astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    r = decode.run("opt2", q=q, k=k8, v=v8, kv_dtype="fp8")
+    assert np.array_equal(r.k, k8) and np.array_equal(r.v, v8)
+    assert (r.k[0, 0], r.k[1, 1], r.v[2, 2], r.v[3, 3]) == (448.0, -448.0, 448.0, -448.0)
+    # random values round to nearest e4m3fn: a second rounding changes nothing
+    r2 = decode.run("opt2", q=q, k=k, v=v, kv_dtype="fp8")
+    assert np.array_equal(r2.k, k8) and np.array_equal(r2.O, r.O)
+
+
+@pytest.mark.parametrize("tensor, value", [("k", 449.0), ("v", -500.0), ("k", -500.0), ("v", 449.0)])
+def test_fp8_refuses_a_value_outside_448_naming_tensor_and_value(tensor, value):
+    from kbwork.errors import ValidationError
+    q, k, v = _qkv(128)
+    arrays = dict(q=q, k=k, v=v)
+    arrays[tensor][5, 7] = value  # 449 would round to 448 in e4m3fn: the check is on the value as given
+    with pytest.raises(ValidationError, match=rf"\b{tensor} holds {value:g}, outside fp8 \(e4m3fn\)'s range ±448"):
+        decode.run("opt2", kv_dtype="fp8", **arrays)
+    with pytest.raises(ValidationError, match=rf"\b{tensor} holds {value:g}"):  # timing mode checks them too
+        decode.run("opt3", kv_dtype="fp8", mode="timing", **arrays)
+
+
+@pytest.mark.parametrize("tensor", ["k", "v"])
+def test_fp8_refuses_nan(tensor):
+    from kbwork.errors import ValidationError
+    q, k, v = _qkv(128)
+    arrays = dict(q=q, k=k, v=v)
+    arrays[tensor][3, 3] = np.nan
+    with pytest.raises(ValidationError, match=rf"\b{tensor} holds NaN"):
+        decode.run("opt2", kv_dtype="fp8", **arrays)
+
+
+def test_fp8_is_for_k_and_v_and_out_dtype_is_fp32_or_bf16():
+    from kbwork.errors import ValidationError
+    with pytest.raises(ValidationError, match="kv_dtype='fp8'"):
+        decode.run("opt2", kv_len=128, dtype="fp8")
+    with pytest.raises(ValidationError, match="out_dtype 'fp16' is not one of fp32, bf16"):
+        decode.run("opt2", kv_len=128, out_dtype="fp16")
+    with pytest.raises(ValidationError, match="axis 'kv_dtype'"):
+        decode.sweep(kv_dtype=["fp9"], progress=False)
+
+
+@pytest.mark.parametrize("variant", ["opt2", "opt3", "a1"])
+def test_fp8_k_and_v_move_exactly_half_the_bytes_of_bf16(variant):
+    runs = {kv: decode.run(variant, kv_len=1024, kv_dtype=kv, mode="timing", steady_state=False)
+            for kv in ("bf16", "fp8")}
+
+    # K and V in HBM: 1024 x 128 elements each, 1 byte in fp8, 2 in bf16; every byte read once
+    dma = {kv: r.op_log[(r.op_log.stage == "DMA_READ") & r.op_log.tensor.astype(str).str.match(r"^[KV]\b")]
+           .bytes.sum() for kv, r in runs.items()}
+    assert dma == {"bf16": 2 * 1024 * D * 2, "fp8": 2 * 1024 * D}
+    qk = {kv: int(r.op_log.query("stage == 'FETCH' and label == 'qk'").bytes.sum()) for kv, r in runs.items()}
+    assert qk["bf16"] - qk["fp8"] == 1024 * D  # K's FETCH halves; Q's (bf16) does not move
+    fetch = {kv: _pv_fetch_bytes(r) for kv, r in runs.items()}
+    assert fetch["bf16"] - fetch["fp8"] == 1024 * D  # V's FETCH halves; P's (fp32) does not move
+    assert runs["fp8"].cycles < runs["bf16"].cycles
+
+
+def test_out_dtype_bf16_rounds_o_once_at_the_store():
+    r32 = decode.run("opt2", kv_len=256, seed=2)
+    r16 = decode.run("opt2", kv_len=256, seed=2, out_dtype="bf16")
+    assert np.array_equal(r16.O, r32.O.astype(ml_dtypes.bfloat16).astype(np.float32))
+    stores = {n: int(r.op_log.query("label == 'dma_store O' and stage != 'DISPATCH'").bytes.sum()) for n, r in (("32", r32), ("16", r16))}
+    assert stores == {"32": G * D * 4, "16": G * D * 2}
+    assert r16.params["out_dtype"] == "bf16" and r32.params["out_dtype"] == "fp32"
+
+
+def test_compare_and_sweep_take_the_precision_knobs():
+    cmp = decode.compare(kv_len=256, variants=("opt2", "opt3", "a1"), kv_dtype="fp8", out_dtype="bf16",
+                         p_dtype="bf16")
+    assert cmp.params["kv_dtype"] == "fp8" and cmp.params["p_dtype"] == "bf16"
+    assert all(d["O"] == 0.0 for d in cmp.max_abs_diffs.values())
+    rows = decode.sweep(kv_len=[256], kv_dtype=["bf16", "fp8"], out_dtype=["fp32", "bf16"],
+                        p_dtype=["fp32", "bf16"], progress=False, workers=1)
+    assert len(rows) == 8 * 2
+    cyc = rows.set_index(["kv_dtype", "out_dtype", "p_dtype", "variant"]).cycles
+    assert cyc["fp8", "fp32", "fp32", "opt2"] < cyc["bf16", "fp32", "fp32", "opt2"]
+    assert cyc["bf16", "fp32", "bf16", "opt2"] <= cyc["bf16", "fp32", "fp32", "opt2"]

@@ -140,7 +140,10 @@ def commands_per_tile(variant: str) -> int:
 
 
 def gqa_decode(tl: TLContext, q: Handle, k: Handle, v: Handle, out: Handle, *, variant: str, tile: int) -> None:
-    """Emit the decode kernel. ``out`` (G, d) fp32 in HBM receives softmax(scale·QKᵀ)·V.
+    """Emit the decode kernel. ``out`` (G, d) in HBM receives softmax(scale·QKᵀ)·V, rounded to its dtype.
+
+    K and V may be in any dtype the PE holds (fp8 among them, DESIGN.md §17); S, m, l and O are fp32, P is in
+    the topology's ``p_dtype``.
 
     Raises:
         ValidationError: an unknown variant, mismatched shapes, or a kv length
@@ -182,5 +185,7 @@ def gqa_decode(tl: TLContext, q: Handle, k: Handle, v: Handle, out: Handle, *, v
         qk(j + 1)
         merge(j)
     merge(n_tiles - 1)               # the last tile, peeled: it has no next tile
-    tl.composite(op="math", math_op="div_bcast", a=O, b=l, out=O, label="div_bcast O")
-    tl.store(O, out, label="dma_store O")
+    # O is rounded once, at the store (DESIGN.md §17): the normalisation writes it in out's dtype
+    res = O if out.dtype == O.dtype else tl.alloc((G, d), out.dtype, name="O_out")
+    tl.composite(op="math", math_op="div_bcast", a=O, b=l, out=res, label="div_bcast O")
+    tl.store(res, out, label="dma_store O")

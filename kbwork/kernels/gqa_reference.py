@@ -4,18 +4,21 @@
 :func:`reference` is softmax(scale·QKᵀ)·V in float64 and :func:`baseline` the
 plain, non-tiled attention in the storage precision (FlashAttention's test
 yardstick: a tiled kernel should be within about twice its error).
-``kbwork.decode`` re-exports them.
+:func:`check_dtypes` and :func:`check_fp8_range` check a run's dtypes and its
+fp8 K and V (DESIGN.md §17). ``kbwork.decode`` re-exports them.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
 from ..errors import ValidationError
-from ..memory import DTYPE_MAX, DTYPES
+from ..memory import DTYPE_MAX, DTYPES, canonical_dtype
 from ..sim import chunks
+
 
 def make_inputs(kv_len: int, group: int = 8, head_dim: int = 128, dtype: str = "bf16",
                 seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -65,6 +68,55 @@ def _rounded(x: np.ndarray, dtype: str, name: str = "x") -> np.ndarray:
                                       f"(largest finite {DTYPE_MAX[dtype]:.4g}); they would be stored as inf. "
                                       f"Scale the data or use a wider dtype.")
     return out
+
+
+#: What ``out_dtype`` may be (DESIGN.md §17).
+OUT_DTYPES = ("fp32", "bf16")
+
+
+def check_dtypes(dtype: Any, out_dtype: Any = "fp32", kv_dtype: Any = None,
+                 where: str = "decode.run") -> tuple[str, str, str]:
+    """``(dtype, out_dtype, kv_dtype)`` as canonical names, ``kv_dtype`` defaulting to ``dtype``.
+
+    Raises:
+        ValidationError: a dtype the PE does not hold; ``dtype="fp8"`` (fp8 is for K and V only: ``kv_dtype``);
+            an ``out_dtype`` other than fp32 or bf16.
+    """
+    dtype = canonical_dtype(dtype)
+    if dtype == "fp8":
+        raise ValidationError(f"{where}: dtype 'fp8' would make q fp8 too; fp8 is a dtype of K and V: pass "
+                              f"kv_dtype='fp8' (q stays in dtype, e.g. 'bf16').")
+    kv_dtype = dtype if kv_dtype is None else canonical_dtype(kv_dtype)
+    out = canonical_dtype(out_dtype) if isinstance(out_dtype, str) else out_dtype
+    if out not in OUT_DTYPES:
+        raise ValidationError(f"{where}: out_dtype {out_dtype!r} is not one of {', '.join(OUT_DTYPES)} (the "
+                              f"dtype O is stored in).")
+    return dtype, out, kv_dtype
+
+
+def check_fp8_range(name: str, x: np.ndarray, where: str = "decode.run") -> None:
+    """Refuse values ``x`` (as given, before any rounding) that fp8 (e4m3fn) cannot hold: NaN, or a magnitude
+    above its largest finite value, 448 (DESIGN.md §17: no scale factor is applied, so nothing is clipped or
+    turned into NaN silently).
+
+    Raises:
+        ValidationError: naming the tensor ``name`` and the value (the one of largest magnitude).
+    """
+    limit = DTYPE_MAX["fp8"]
+    worst = 0.0
+    for sl in chunks(x):
+        c = np.asarray(x[sl], np.float64)
+        if np.isnan(c).any():
+            raise ValidationError(f"{where}: {name} holds NaN; fp8 K and V must be finite numbers within "
+                                  f"±{limit:g}.")
+        if c.size:
+            i = int(np.argmax(np.abs(c)))
+            if abs(c.flat[i]) > abs(worst):
+                worst = float(c.flat[i])
+    if abs(worst) > limit:
+        raise ValidationError(f"{where}: {name} holds {worst:g}, outside fp8 (e4m3fn)'s range ±{limit:g}; "
+                              f"kv_dtype='fp8' applies no scale factor. Scale {name} into ±{limit:g} or use "
+                              f"kv_dtype='bf16'.")
 
 
 #: Rows of K and V the float64 reference takes at a time (its float64 copies never hold more).
