@@ -56,6 +56,8 @@ PE_DIR = PACKAGE_DIR / "pe"
 #:   recipe registry, and only tests and notebooks import it.
 #: * ``cliargs`` ranks with ``decode``: the ``--variants`` type and the TCM hint that ``cli`` and
 #:   ``model/cli.py`` share; the hint sizes a TCM by running decode (``decode.tcm_bytes_that_fit``).
+#: * ``anchor`` ranks with ``decode``: it runs decode on the inputs of the H200's stored FlashAttention outputs
+#:   (``data/measured/h200_flash_decode/``) and sets kbwork's numerics beside the GPU's (DESIGN.md §17).
 #: * ``__main__``, the ``kbwork`` command's entry point, ranks above ``bench/``: it routes
 #:   ``kbwork bench`` to the benchmark and every other subcommand to ``cli``.
 RANKS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -68,7 +70,7 @@ RANKS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("sim", ("sim", "kbwork")),
     ("analysis", ("analysis",)),
     ("kernels", ("kernels",)),
-    ("decode", ("decode", "cliargs")),
+    ("decode", ("decode", "cliargs", "anchor")),
     ("model", ("model",)),
     ("what users touch", ("plots", "widgets", "model_panel", "cli", "golden", "layering", "keydocs")),
     ("bench", ("bench",)),
