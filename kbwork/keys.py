@@ -343,6 +343,8 @@ TOPOLOGY = KeyTable("topology", (
 
 HOST = KeyTable("host", (
     Key("peak_tflops_bf16", float, None, "TFLOP/s", "dense bf16 peak of the GPU", low=1e-3, high=1e5),
+    Key("peak_tflops_fp8", float, None, "TFLOP/s", "dense FP8 peak of the GPU: the GEMMs of a step with "
+        "`weight_dtype=\"fp8\"` (W8A8) run at it", low=1e-3, high=1e5),
     Key("hbm_tb_s", float, None, "TB/s", "the GPU's HBM peak bandwidth", low=1e-3, high=1e3),
     Key("eta_flops", float, None, "fraction", "the fraction of the FLOP/s peak a GEMM sustains", low=1e-3, high=1,
         bound_text="a fraction of peak"),
@@ -366,6 +368,11 @@ MODEL = KeyTable("model", (
     Key("head_dim", int, None, "", "width of a head (`hidden_size / num_attention_heads`)", high=10**6),
     Key("ffn", int, None, "", "SwiGLU intermediate width (`intermediate_size`)", high=10**6),
     Key("vocab", int, None, "", "LM head output width (`vocab_size`)", high=10**6),
+    Key("weight_dtype", str, "bf16", "", "the weights' dtype: `fp8` is W8A8 (weights and the GEMMs' activations "
+        "1 byte per element, the GEMMs at the host's `peak_tflops_fp8`); optional in a file",
+        choices=("bf16", "fp8")),
+    Key("kv_dtype", str, "bf16", "", "the KV cache's dtype: `fp8` (e4m3fn) is 1 byte per element on both "
+        "placements; optional in a file", choices=("bf16", "fp8")),
 ))
 
 

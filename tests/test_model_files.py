@@ -18,9 +18,9 @@ from kbwork.model.files import HOST_KEYS, HOSTS_DIR, MODEL_KEYS, MODELS_DIR
 def test_the_llama_3_models_are_the_design_s():
     m8, m70 = load_model("llama-3-8b"), load_model("llama-3-70b")
     assert m8.to_dict() == dict(name="llama-3-8b", layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128,
-                                ffn=14336, vocab=128256)
+                                ffn=14336, vocab=128256, weight_dtype="bf16", kv_dtype="bf16")  # §17: bf16 as released
     assert m70.to_dict() == dict(name="llama-3-70b", layers=80, hidden=8192, heads=64, kv_heads=8, head_dim=128,
-                                 ffn=28672, vocab=128256)
+                                 ffn=28672, vocab=128256, weight_dtype="bf16", kv_dtype="bf16")
     assert (m8.group, m70.group) == (4, 8)
     assert repr(m70) == ("Model('llama-3-70b': 80 layers, hidden 8192, 64 heads / 8 KV heads x 128, FFN 28672, "
                          "vocab 128256)")
@@ -31,7 +31,7 @@ def test_the_llama_3_models_are_the_design_s():
 
 def test_the_h200_host_is_the_design_s():
     h = load_host()
-    assert h.to_dict() == dict(name="h200", peak_tflops_bf16=989.0, hbm_tb_s=4.8, eta_flops=0.8, eta_bw=0.86,
+    assert h.to_dict() == dict(name="h200", peak_tflops_bf16=989.0, peak_tflops_fp8=1979.0, hbm_tb_s=4.8, eta_flops=0.8, eta_bw=0.86,
                                launch_us=0.53, handoff_us=2.0, gpu_hbm_gib=139.0,
                                attention_bandwidth="h200_decode_attention_bandwidth.csv")
     assert load_host("h200") == h and load_host(h) is h

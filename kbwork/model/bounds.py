@@ -13,9 +13,10 @@ efficiency, no launch and no hand-off, that is
   overlaps nothing: the host waits for every layer's attention, the device for every layer's GEMMs);
 * attention on the AHBM device under any schedule (ping-pong at its very best): ``max(host_s, device_s)``.
 
-with weight bytes = ``layers ·`` (QKV + O + FFN up + FFN down) ``+`` LM head, bf16, KV bytes =
-``layers · Σ`` over sequences ``2 · kv_heads · context · head_dim · 2`` (contexts as given, unpadded) and
-GEMM FLOPs = ``Σ 2 · batch · in · out`` over every GEMM of the step. Each is a true lower bound on
+with weight bytes = ``layers ·`` (QKV + O + FFN up + FFN down) ``+`` LM head, KV bytes =
+``layers · Σ`` over sequences ``2 · kv_heads · context · head_dim · bytes`` (contexts as given, unpadded),
+bytes per element by dtype (2 in bf16, 1 in fp8: the model's ``weight_dtype`` and ``kv_dtype``, DESIGN.md §17;
+the host peak is the FP8 one with fp8 weights) and GEMM FLOPs = ``Σ 2 · batch · in · out`` over every GEMM of the step. Each is a true lower bound on
 :func:`kbwork.model.step`'s ``seconds`` for that placement and schedule: the roofline's efficiencies are at
 most 1 and its bytes include the weights, a layer's attention is no shorter than its busiest channel's KV
 bytes over the channel's bandwidth (padded keys only add), and ping-pong's host reads the weights once per
@@ -38,7 +39,7 @@ import pandas as pd
 
 from ..errors import ValidationError
 from .device import DEVICE_KEYS, DEVICE_V1, load_device
-from .files import HOST_KEYS, load_host, load_model
+from .files import HOST_KEYS, load_host, load_model, with_dtypes
 from .host import LAYER_GEMMS, LM_HEAD, layer_shapes, weight_bytes
 
 #: What a bound is of: the GPU alone, the AHBM device under the serial schedule, the AHBM device under any
@@ -52,10 +53,11 @@ class PhysicalBound:
 
     Attributes:
         model: the model's name; ``batch``: the sequences of the step.
-        weight_bytes: every weight once (all layers and the LM head), bf16.
-        kv_bytes: every sequence's K and V in every layer, bf16, contexts as given.
+        weight_bytes: every weight once (all layers and the LM head), in the weights' dtype.
+        kv_bytes: every sequence's K and V in every layer, in the KV dtype, contexts as given.
         gemm_flops: ``Σ 2 · batch · in · out`` over the step's GEMMs.
-        host_bytes_per_s, host_flops_per_s: the host's peak HBM bandwidth and bf16 FLOP/s.
+        host_bytes_per_s, host_flops_per_s: the host's peak HBM bandwidth and FLOP/s (bf16, or FP8 with fp8
+            weights).
         device_bytes_per_s: ``hbm_channels · channel_bytes_per_cycle · clock`` (``inf`` when unconstrained).
     """
 
@@ -112,18 +114,20 @@ class PhysicalBound:
 
 
 def physical_bound(model: Any, contexts: Sequence[int], *, host: Any = "h200", device: Any = DEVICE_V1,
-                   **overrides: Any) -> PhysicalBound:
+                   weight_dtype: str | None = None, kv_dtype: str | None = None, **overrides: Any) -> PhysicalBound:
     """The physical lower bound on a decode step of ``model`` over ``contexts`` (module docstring).
 
     Takes what :func:`kbwork.model.step` takes (a model name, path or Model; a host name, mapping or
     Host; a device name, Topology or Device with device or topology ``overrides``), so
-    ``physical_bound(s.model, s.contexts, host=s.host, device=s.device)`` is step ``s``'s bound.
+    ``physical_bound(s.model, s.contexts, host=s.host, device=s.device)`` is step ``s``'s bound;
+    ``weight_dtype`` and ``kv_dtype`` (``"bf16"`` | ``"fp8"``, ``None``: the model's) as ``model.step`` takes
+    them.
 
     Raises:
         ValidationError: empty contexts or one that is not a positive int.
         ConfigError: a bad model, host, device or key.
     """
-    m = load_model(model)
+    m = with_dtypes(load_model(model), weight_dtype, kv_dtype)
     h = load_host(host)
     d = load_device(device, **overrides)
     ctx = _contexts(contexts)
@@ -133,7 +137,7 @@ def physical_bound(model: Any, contexts: Sequence[int], *, host: Any = "h200", d
     flops = 2 * b * (m.layers * sum(shapes[n][0] * shapes[n][1] for n in LAYER_GEMMS)
                      + shapes[LM_HEAD][0] * shapes[LM_HEAD][1])
     return PhysicalBound(m.name, b, m.layers * per_layer + lm, m.layers * sum(m.kv_bytes(c) for c in ctx),
-                         float(flops), h.hbm_bytes_per_s, h.peak_flops,
+                         float(flops), h.hbm_bytes_per_s, h.peak_flops_of(m.weight_dtype),
                          d.hbm_channels * d.channel_bytes_per_cycle * d.clock_hz)
 
 
@@ -185,15 +189,18 @@ def with_bounds(sweep: pd.DataFrame, *, host: Any = None, device: Any = None) ->
                               f"{', '.join(sorted(need))}.")
     host_cols = [c for c in HOST_KEYS[1:] if c in sweep.columns]
     dev_cols = [c for c in ("clock_ghz", *DEVICE_KEYS) if c in sweep.columns]
+    dtype_cols = [c for c in ("weight_dtype", "kv_dtype") if c in sweep.columns]
     base_host, base_device = setup_of(sweep, host, device, "with_bounds")
     cache: dict[tuple, PhysicalBound] = {}
     kinds, tps = [], []
     for r in sweep.to_dict(orient="records"):
-        key = (r["model"], r["batch"], r["context"], *(r[c] for c in host_cols), *(r[c] for c in dev_cols))
+        key = (r["model"], r["batch"], r["context"], *(r[c] for c in host_cols), *(r[c] for c in dev_cols),
+               *(r[c] for c in dtype_cols))
         if key not in cache:
             h = base_host.replace(**{c: r[c] for c in host_cols}) if host_cols else base_host
             cache[key] = physical_bound(r["model"], [int(r["context"])] * int(r["batch"]), host=h,
-                                        device=base_device, **{c: r[c] for c in dev_cols})
+                                        device=base_device, **{c: r[c] for c in dev_cols},
+                                        **{c: r[c] for c in dtype_cols})
         kind = bound_kind_of(r["placement"], r["schedule"])
         kinds.append(kind)
         tps.append(cache[key].tokens_per_s(kind))

@@ -20,7 +20,7 @@ from typing import Sequence
 import pandas as pd
 
 from ..errors import CapacityError
-from .files import BYTES_PER_ELEMENT, Host, Model
+from .files import Host, Model
 
 #: One GiB, the unit of ``gpu_hbm_gib`` and ``hbm_gib``.
 GIB = 2 ** 30
@@ -37,14 +37,14 @@ def parameters(m: Model) -> int:
 
 
 def weight_bytes(m: Model) -> int:
-    """The bytes of ``m``'s weights: :func:`parameters` x 2 (bf16)."""
-    return parameters(m) * BYTES_PER_ELEMENT
+    """The bytes of ``m``'s weights: :func:`parameters` x bytes per element (2 in bf16, 1 in fp8)."""
+    return parameters(m) * m.weight_bytes_per_element
 
 
 def kv_bytes(m: Model, contexts: Sequence[int]) -> int:
-    """The bytes of the KV cache of a batch: ``2 · layers · kv_heads · head_dim · 2 · Σ contexts`` (K and V of
-    every layer, bf16)."""
-    return 2 * m.layers * m.kv_heads * m.head_dim * BYTES_PER_ELEMENT * sum(int(c) for c in contexts)
+    """The bytes of the KV cache of a batch: ``2 · layers · kv_heads · head_dim · bytes · Σ contexts`` (K and V
+    of every layer, bytes 2 in bf16 and 1 in fp8)."""
+    return 2 * m.layers * m.kv_heads * m.head_dim * m.kv_bytes_per_element * sum(int(c) for c in contexts)
 
 
 def memory_frame(m: Model, host: Host, device_hbm_gib: float, placement: str, contexts: Sequence[int],
@@ -115,9 +115,14 @@ def capacity_message(memory: pd.DataFrame | dict[str, pd.DataFrame], *, model: M
     more = [("--host FILE with a larger gpu_hbm_gib" if cli else "host={'gpu_hbm_gib': N}") if w == "host" else
             ("--set hbm_gib=N" if cli else "hbm_gib=N") for w in dict.fromkeys(full)]
     ways.append(f"more HBM ({', '.join(more)})")
+    fp8 = [(what, flag) for what, flag, d in (("weights", "weight", model.weight_dtype), ("KV", "kv", model.kv_dtype))
+           if d != "fp8"]
+    if fp8:  # 1-byte FP8 halves them (DESIGN.md §17)
+        ways.append(" or ".join(f"--{flag}-dtype fp8" if cli else f"{flag}_dtype='fp8'" for _, flag in fp8)
+                    + f" (1-byte FP8 {' and '.join(w for w, _ in fp8)}: half the bytes)")
     ways.append("--no-capacity-check to time it anyway" if cli else "check_capacity=False to time it anyway")
     return (f"{where}: {model.name} at batch {batch} does not fit: {'; and '.join(said)}. Ways out: "
-            f"{', '.join(ways)} (1-byte FP8 weights or KV would halve the bytes, but are not built yet).")
+            f"{', '.join(ways)}.")
 
 
 def check_capacity(memory: pd.DataFrame, **kw: object) -> None:

@@ -18,6 +18,7 @@ As on ``kbwork run``, ``--set key=value`` (repeatable) sets one topology key of 
     kbwork step --model llama-3-8b --batch 16 --context 32768
     kbwork step --model llama-3-70b --batch 16 --context 32768 --no-capacity-check   # 160 GiB of KV: fits nowhere
     kbwork step --model llama-3-8b --context 1024,4096,32768 --variants opt2,a1 --schedule ping_pong --json
+    kbwork step --model llama-3-70b --context 5120 --placement host --weight-dtype fp8   # W8A8 on the H200
 """
 
 from __future__ import annotations
@@ -120,6 +121,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="serial, or ping_pong (two halves overlapping host and device) for the device placement "
                         "(default serial)")
     s.add_argument("--tile", type=positive_int, default=128, help="decode tile and padding unit (default 128)")
+    s.add_argument("--weight-dtype", default=None, choices=("bf16", "fp8"),
+                   help="the weights' dtype over the model's: fp8 is W8A8, GEMMs at the host's peak_tflops_fp8")
+    s.add_argument("--kv-dtype", default=None, choices=("bf16", "fp8"),
+                   help="the KV cache's dtype over the model's: fp8 (e4m3fn) is 1 byte per element")
     s.add_argument("--handoff-us", type=nonnegative_float, default=None,
                    help="host <-> device hand-off latency, us (default: the host's, 2.0 for h200)")
     s.add_argument("--host", default="h200", help="host name (data/hosts/) or .toml path (default h200)")
@@ -173,11 +178,11 @@ def cmd_step(a: argparse.Namespace) -> int:
     from .capacity import capacity_message, overfull
     from .checks import MAX_DEVICE_TASKS, check_contexts
     from .device import load_device
-    from .files import load_host, load_model
+    from .files import load_host, load_model, with_dtypes
     from .steps import cases, step, step_memory
 
     contexts = _contexts(a)
-    m = load_model(a.model)
+    m = with_dtypes(load_model(a.model), a.weight_dtype, a.kv_dtype)
     host = load_host(a.host)
     if a.handoff_us is not None:
         host = host.replace(handoff_us=a.handoff_us)
@@ -233,8 +238,9 @@ def format_steps(steps: list[Any]) -> str:
     ctx = first.contexts
     ctx_text = (f"context {ctx[0]}" if len(set(ctx)) == 1 else
                 f"contexts {min(ctx)}-{max(ctx)} (mean {sum(ctx) / len(ctx):.0f})")
+    dtypes = "".join(f"; {w} {d}" for w, d in (("weights", first.weight_dtype), ("KV", first.kv_dtype)) if d != "bf16")
     lines = [f"{first.model.label} decode step: batch {first.batch}, {ctx_text}; tile {first.tile} "
-             f"({first.padding.total} padded keys)",
+             f"({first.padding.total} padded keys){dtypes}",
              f"host: {first.host!r}"]
     if any(s.placement == "ahbm" for s in steps):
         lines.append(f"device: {first.device!r}")

@@ -75,8 +75,8 @@ def per_head_contention(model: Any = "llama-3-8b", context: int = 32768, *,
         dev = load_device(device, **{**overrides, "pes": k, "hbm_channels": 1})
         seqs = math.ceil(k / m.kv_heads)
         tasks = assign_tasks([context] * seqs, kv_heads=m.kv_heads, pes=k, tile=tile)[:k]
-        bound = channel_bound_cycles(tasks, dev, m.head_dim)
+        bound = channel_bound_cycles(tasks, dev, m.head_dim, m.kv_dtype)
         for v in variants:
-            cycles = attention_run(tasks, dev, v, tile, group=m.group, head_dim=m.head_dim).cycles
+            cycles = attention_run(tasks, dev, v, tile, group=m.group, head_dim=m.head_dim, kv_dtype=m.kv_dtype).cycles
             rows.append((k, v, int(cycles), bound, bound / cycles))
     return pd.DataFrame(rows, columns=COLUMNS)

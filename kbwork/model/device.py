@@ -20,7 +20,7 @@ import numpy as np
 
 from ..config import Topology, load_topology
 from ..errors import ConfigError, ValidationError
-from .files import BYTES_PER_ELEMENT
+from .files import DTYPE_BYTES
 from .tasks import Task
 
 #: The default device's name (DESIGN.md §14).
@@ -107,17 +107,19 @@ def load_device(device: str | Topology | Device | Any = DEVICE_V1, **overrides: 
     return Device(load_topology(device, **overrides))
 
 
-def task_kv_bytes(task: Task, head_dim: int) -> int:
-    """Bytes of K and V one task reads (its padded context)."""
-    return 2 * task.padded_context * head_dim * BYTES_PER_ELEMENT
+def task_kv_bytes(task: Task, head_dim: int, kv_dtype: str = "bf16") -> int:
+    """Bytes of K and V one task reads (its padded context, ``kv_dtype``: 2 bytes per element in bf16, 1 in
+    fp8)."""
+    return 2 * task.padded_context * head_dim * DTYPE_BYTES[kv_dtype]
 
 
 def attention_run(tasks: Sequence[Task], device: Device, variant: str, tile: int, *, group: int, head_dim: int,
-                  steady_state: bool = True, reductions: bool = True) -> Any:
+                  steady_state: bool = True, reductions: bool = True, kv_dtype: str = "bf16") -> Any:
     """One layer's attention on ``device``: the device ``Run`` of ``tasks`` (DESIGN.md §15).
 
     Task t runs ``gqa_decode(variant, tile)`` on PE ``t.pe`` over q (group, head_dim) bf16, K and V
-    (t.padded_context, head_dim) bf16 and out (group, head_dim) fp32, all on that PE's home channel; each PE
+    (t.padded_context, head_dim) in ``kv_dtype`` (bf16, or fp8: DESIGN.md §17) and out (group, head_dim) fp32,
+    all on that PE's home channel; each PE
     runs its tasks in order, back to back. Tensors are named ``q{s}.{h}``, ``K{s}.{h}``, ... for sequence s
     and KV head h.
 
@@ -133,8 +135,8 @@ def attention_run(tasks: Sequence[Task], device: Device, variant: str, tile: int
         ch = device.home_channel(t.pe)
         name = f"{t.sequence}.{t.kv_head}"
         q = sim.hbm(f"q{name}", shape=(group, head_dim), dtype="bf16", channel=ch)
-        k = sim.hbm(f"K{name}", shape=(t.padded_context, head_dim), dtype="bf16", channel=ch)
-        v = sim.hbm(f"V{name}", shape=(t.padded_context, head_dim), dtype="bf16", channel=ch)
+        k = sim.hbm(f"K{name}", shape=(t.padded_context, head_dim), dtype=kv_dtype, channel=ch)
+        v = sim.hbm(f"V{name}", shape=(t.padded_context, head_dim), dtype=kv_dtype, channel=ch)
         o = sim.hbm(f"out{name}", shape=(group, head_dim), dtype="fp32", channel=ch)
         plan.setdefault(t.pe, []).append(Launch(gqa_decode, q, k, v, o, variant=variant, tile=tile))
     return sim.run_device(dict(sorted(plan.items())), steady_state=steady_state, reductions=reductions)
@@ -146,7 +148,7 @@ def per_pe_cycles(run: Any, pes: int) -> tuple[int, ...]:
     return tuple(run.pe(p).cycles if p in ran else 0 for p in range(pes))
 
 
-def channel_bound_cycles(tasks: Sequence[Task], device: Device, head_dim: int) -> float:
+def channel_bound_cycles(tasks: Sequence[Task], device: Device, head_dim: int, kv_dtype: str = "bf16") -> float:
     """The busiest channel's KV bytes / ``channel_bytes_per_cycle``: no attention run can be shorter (0 when the
     channels are unconstrained)."""
     if math.isinf(device.channel_bytes_per_cycle):
@@ -154,5 +156,5 @@ def channel_bound_cycles(tasks: Sequence[Task], device: Device, head_dim: int) -
     per_channel: dict[int, int] = {}
     for t in tasks:
         c = device.home_channel(t.pe)
-        per_channel[c] = per_channel.get(c, 0) + task_kv_bytes(t, head_dim)
+        per_channel[c] = per_channel.get(c, 0) + task_kv_bytes(t, head_dim, kv_dtype)
     return max(per_channel.values(), default=0) / device.channel_bytes_per_cycle

@@ -26,8 +26,10 @@ from ..errors import ConfigError, ValidationError
 MODELS_DIR = DATA_DIR / "models"
 HOSTS_DIR = DATA_DIR / "hosts"
 DEFAULT_HOST = "h200"
-#: Weights and KV cache are bf16: 2 bytes per element (DESIGN.md §15).
+#: Weights and KV cache are bf16 unless a model says otherwise: 2 bytes per element (DESIGN.md §15).
 BYTES_PER_ELEMENT = 2
+#: Bytes per element of a model's ``weight_dtype`` and ``kv_dtype`` (DESIGN.md §17).
+DTYPE_BYTES = {"bf16": 2, "fp8": 1}
 
 
 def _short(text: str) -> str:
@@ -44,6 +46,7 @@ def _check_keys(given: Mapping[str, Any], known: tuple[str, ...], what: str, whe
     for key in given:
         if key not in known:
             close = difflib.get_close_matches(str(key), list(known), n=3)
+            close.sort(key=list(known).index)  # in the table's order: peak_tflops_bf16 before peak_tflops_fp8
             hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
             raise ConfigError(f"{where}: unknown {what} key {key!r}.{hint} Known keys: {', '.join(known)}.")
 
@@ -116,6 +119,8 @@ class Model:
         head_dim: the width of one head.
         ffn: the SwiGLU intermediate width (gate and up each hidden -> ffn).
         vocab: the LM head's output width.
+        weight_dtype, kv_dtype: ``"bf16"`` (default) or ``"fp8"``: the weights' (W8A8) and the KV cache's
+            dtype (DESIGN.md §17).
         source: the file it came from (not part of equality).
         path: the file it came from when that is not a shipped model's (``None`` for a shipped model or one
             built in Python); reports give it beside the name (:attr:`label`). Not part of equality.
@@ -145,7 +150,7 @@ class Model:
         return self.heads // self.kv_heads
 
     def kv_bytes(self, context: int) -> int:
-        """Bytes of K and V of one sequence of ``context`` keys in one layer (all KV heads, bf16).
+        """Bytes of K and V of one sequence of ``context`` keys in one layer (all KV heads, in ``kv_dtype``).
 
         Raises:
             ValidationError: ``context`` not a positive int.
@@ -154,7 +159,17 @@ class Model:
                 or context <= 0:  # a plain int tested first: the abstract-class test is a Python-level call
             raise ValidationError(f"Model.kv_bytes: context must be a positive int (a KV length), got {context!r} "
                                   f"({type(context).__name__}).")
-        return 2 * self.kv_heads * int(context) * self.head_dim * BYTES_PER_ELEMENT
+        return 2 * self.kv_heads * int(context) * self.head_dim * DTYPE_BYTES[self.kv_dtype]
+
+    @property
+    def weight_bytes_per_element(self) -> int:
+        """Bytes per weight (and per GEMM activation element): 2 in bf16, 1 in fp8 (W8A8)."""
+        return DTYPE_BYTES[self.weight_dtype]
+
+    @property
+    def kv_bytes_per_element(self) -> int:
+        """Bytes per element of the KV cache: 2 in bf16, 1 in fp8."""
+        return DTYPE_BYTES[self.kv_dtype]
 
     def replace(self, **changes: Any) -> "Model":
         """A copy with ``changes`` applied (validated like a file).
@@ -171,7 +186,9 @@ class Model:
 
     def __repr__(self) -> str:
         return (f"Model({self.label!r}: {self.layers} layers, hidden {self.hidden}, {self.heads} heads / "
-                f"{self.kv_heads} KV heads x {self.head_dim}, FFN {self.ffn}, vocab {self.vocab})")
+                f"{self.kv_heads} KV heads x {self.head_dim}, FFN {self.ffn}, vocab {self.vocab}"
+                + "".join(f", {what} {d}" for what, d in (("weights", self.weight_dtype), ("KV", self.kv_dtype))
+                          if d != "bf16") + ")")
 
 
 def _not_a_shipped_name(obj: Any, load: Any, directory: Path, what: str, where: str) -> None:
@@ -207,7 +224,7 @@ def load_model(name_or_path: str | os.PathLike[str] | Model = "llama-3-8b") -> M
     doc = read_toml(path, "model", MODELS_DIR, name_or_path)
     where = str(path)
     _check_keys(doc, MODEL_KEYS, "model", where)
-    missing = [k for k in MODEL_KEYS if k not in doc]
+    missing = [k for k in MODEL_KEYS if k not in doc and (k == "name" or _keys.MODEL.by_name[k].default is None)]
     if missing:
         raise ConfigError(f"{where}: model key{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))} "
                           f"missing; a model file gives every one of {', '.join(MODEL_KEYS)}.")
@@ -216,6 +233,17 @@ def load_model(name_or_path: str | os.PathLike[str] | Model = "llama-3-8b") -> M
     if elsewhere is not None and m.name in _builtin(MODELS_DIR):
         _not_a_shipped_name(m, load_model, MODELS_DIR, "model", where)
     return m
+
+
+def with_dtypes(m: Model, weight_dtype: str | None, kv_dtype: str | None) -> Model:
+    """``m`` with its ``weight_dtype`` and ``kv_dtype`` replaced by those given (``None``: keep the model's).
+
+    Raises:
+        ConfigError: a dtype other than ``"bf16"`` and ``"fp8"``, naming the key.
+    """
+    changes = {k: v for k, v in (("weight_dtype", weight_dtype), ("kv_dtype", kv_dtype))
+               if v is not None and v != getattr(m, k)}
+    return m.replace(**changes) if changes else m
 
 
 def _elsewhere(path: Path, directory: Path) -> str | None:
@@ -247,6 +275,7 @@ class Host:
     Attributes:
         name: the host's name.
         peak_tflops_bf16: dense bf16 peak, TFLOP/s.
+        peak_tflops_fp8: dense FP8 peak, TFLOP/s (the GEMMs of W8A8 weights, DESIGN.md §17).
         hbm_tb_s: HBM peak bandwidth, TB/s.
         eta_flops, eta_bw: the fractions of those peaks a GEMM sustains.
         launch_us: the cost of one kernel launch, added to every GEMM (and host attention).
@@ -283,6 +312,15 @@ class Host:
     def peak_flops(self) -> float:
         """Peak bf16 FLOP/s."""
         return self.peak_tflops_bf16 * 1e12
+
+    @property
+    def peak_flops_fp8(self) -> float:
+        """Peak FP8 FLOP/s."""
+        return self.peak_tflops_fp8 * 1e12
+
+    def peak_flops_of(self, weight_dtype: str) -> float:
+        """Peak FLOP/s of a GEMM whose weights are ``weight_dtype`` (``"bf16"`` or ``"fp8"``, W8A8)."""
+        return self.peak_flops_fp8 if weight_dtype == "fp8" else self.peak_flops
 
     @property
     def hbm_bytes_per_s(self) -> float:

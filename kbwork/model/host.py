@@ -4,13 +4,16 @@ Every formula is DESIGN.md §15's:
 
 * a GEMM of ``B`` rows from ``n_in`` to ``n_out`` takes
   ``max(2·B·n_in·n_out / (peak_flops·eta_flops),
-  (n_in·n_out + B·(n_in + n_out))·2 bytes / (hbm_bytes_per_s·eta_bw)) + launch_s``,
+  (n_in·n_out + B·(n_in + n_out))·bytes / (hbm_bytes_per_s·eta_bw)) + launch_s``,
   and it is bound by the side that is larger ("host flops" or "host bandwidth"; a tie is bandwidth);
+  bytes is 2 per element in bf16; with the model's ``weight_dtype="fp8"`` (W8A8, DESIGN.md §17) it is 1
+  and the peak is the host's ``peak_tflops_fp8``;
 * per layer: QKV (hidden -> (heads + 2·kv_heads)·head_dim), O (heads·head_dim -> hidden),
   FFN up (hidden -> 2·ffn, gate and up fused), FFN down (ffn -> hidden); once per step the LM head
   (hidden -> vocab);
 * attention on the host (``placement="host"``), per layer:
-  ``KV bytes / (hbm_bytes_per_s · eta_attn) + launch_s``, with eta_attn interpolated in log2(context)
+  ``KV bytes / (hbm_bytes_per_s · eta_attn) + launch_s`` (KV bytes in the model's ``kv_dtype``: fp8 streams
+  half the bytes at the same measured fraction of peak, an assumption), with eta_attn interpolated in log2(context)
   between the measured points of the host's ``attention_bandwidth`` table (the H200's:
   ``data/measured/h200_decode_attention_bandwidth.csv``).
 """
@@ -27,7 +30,7 @@ import pandas as pd
 
 from ..errors import ValidationError
 from .checks import check_contexts
-from .files import BYTES_PER_ELEMENT, Host, Model, attention_table_path, load_host, load_model
+from .files import BYTES_PER_ELEMENT, DTYPE_BYTES, Host, Model, attention_table_path, load_host, load_model
 
 HOST_FLOPS = "host flops"
 HOST_BANDWIDTH = "host bandwidth"
@@ -49,6 +52,7 @@ class Gemm:
         launch_s: the launch added on top.
         seconds: ``max(flops_s, bytes_s) + launch_s``.
         bound: ``"host flops"`` when ``flops_s > bytes_s``, else ``"host bandwidth"``.
+        dtype: ``"bf16"``, or ``"fp8"`` (W8A8: 1 byte per weight and activation element, the FP8 peak).
     """
 
     name: str
@@ -60,10 +64,12 @@ class Gemm:
     launch_s: float
     seconds: float
     bound: str
+    dtype: str = "bf16"
 
 
-def gemm(host: Host | str | Any, rows: int, n_in: int, n_out: int, name: str = "gemm") -> Gemm:
-    """The roofline of one bf16 GEMM of ``rows`` rows, ``n_in -> n_out``, on ``host``.
+def gemm(host: Host | str | Any, rows: int, n_in: int, n_out: int, name: str = "gemm", dtype: str = "bf16") -> Gemm:
+    """The roofline of one GEMM of ``rows`` rows, ``n_in -> n_out``, on ``host``: bf16, or W8A8 FP8 with
+    ``dtype="fp8"`` (weights and activations 1 byte per element, at the host's ``peak_tflops_fp8``).
 
     ``host`` is what :func:`~kbwork.model.load_host` takes: a Host, a host name (``"h200"``) or path, or a
     mapping of host keys over ``h200``'s.
@@ -72,19 +78,21 @@ def gemm(host: Host | str | Any, rows: int, n_in: int, n_out: int, name: str = "
         A :class:`Gemm`.
 
     Raises:
-        ValidationError: a size that is not a positive int.
+        ValidationError: a size that is not a positive int, or a dtype other than bf16 and fp8.
         ConfigError: a bad host (an unknown name, a bad key or value, not a host at all).
     """
     host = load_host(host)
+    if dtype not in DTYPE_BYTES:
+        raise ValidationError(f"host GEMM {name!r}: dtype {dtype!r} is not one of {', '.join(DTYPE_BYTES)}.")
     for what, v in (("rows", rows), ("n_in", n_in), ("n_out", n_out)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
             raise ValidationError(f"host GEMM {name!r}: {what} must be a positive int, got {v!r}.")
     rows, n_in, n_out = int(rows), int(n_in), int(n_out)
-    flops_s = 2 * rows * n_in * n_out / (host.peak_flops * host.eta_flops)
-    bytes_s = (n_in * n_out + rows * (n_in + n_out)) * BYTES_PER_ELEMENT / (host.hbm_bytes_per_s * host.eta_bw)
+    flops_s = 2 * rows * n_in * n_out / (host.peak_flops_of(dtype) * host.eta_flops)
+    bytes_s = (n_in * n_out + rows * (n_in + n_out)) * DTYPE_BYTES[dtype] / (host.hbm_bytes_per_s * host.eta_bw)
     bound = HOST_FLOPS if flops_s > bytes_s else HOST_BANDWIDTH
     return Gemm(name, rows, n_in, n_out, flops_s, bytes_s, host.launch_s, max(flops_s, bytes_s) + host.launch_s,
-                bound)
+                bound, dtype)
 
 
 def layer_shapes(model: Model) -> dict[str, tuple[int, int]]:
@@ -113,7 +121,7 @@ def layer_gemms(model: Model | str | Any, host: Host | str | Any, rows: int) -> 
     """
     model, host = load_model(model), load_host(host)
     shapes = layer_shapes(model)
-    return {name: gemm(host, rows, *shapes[name], name=name) for name in LAYER_GEMMS}
+    return {name: gemm(host, rows, *shapes[name], name=name, dtype=model.weight_dtype) for name in LAYER_GEMMS}
 
 
 def lm_head(model: Model | str | Any, host: Host | str | Any, rows: int) -> Gemm:
@@ -128,14 +136,15 @@ def lm_head(model: Model | str | Any, host: Host | str | Any, rows: int) -> Gemm
         ConfigError: a bad model or host.
     """
     model, host = load_model(model), load_host(host)
-    return gemm(host, rows, *layer_shapes(model)[LM_HEAD], name=LM_HEAD)
+    return gemm(host, rows, *layer_shapes(model)[LM_HEAD], name=LM_HEAD, dtype=model.weight_dtype)
 
 
 def weight_bytes(model: Model) -> tuple[int, int]:
-    """Bytes of one layer's weights and of the LM head's (bf16): what each step streams from host HBM."""
+    """Bytes of one layer's weights and of the LM head's (in the model's ``weight_dtype``): what each step
+    streams from host HBM."""
     shapes = layer_shapes(model)
-    per_layer = sum(shapes[n][0] * shapes[n][1] for n in LAYER_GEMMS) * BYTES_PER_ELEMENT
-    return per_layer, shapes[LM_HEAD][0] * shapes[LM_HEAD][1] * BYTES_PER_ELEMENT
+    per_layer = sum(shapes[n][0] * shapes[n][1] for n in LAYER_GEMMS) * model.weight_bytes_per_element
+    return per_layer, shapes[LM_HEAD][0] * shapes[LM_HEAD][1] * model.weight_bytes_per_element
 
 
 # --- attention on the host ---------------------------------------------------------------------

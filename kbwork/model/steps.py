@@ -23,7 +23,7 @@ from .capacity import memory_frame, overfull
 from .checks import _check_choice, _check_tile, _check_variant, check_contexts, check_device_tasks, \
     refuse_misnamed
 from .device import DEVICE_V1, Device, attention_run, channel_bound_cycles, load_device, per_pe_cycles
-from .files import Host, Model, load_host, load_model
+from .files import Host, Model, load_host, load_model, with_dtypes
 from .host import HOST_BANDWIDTH, HOST_FLOPS, LAYER_GEMMS, LM_HEAD, Gemm, HostAttention, host_attention, \
     layer_gemms, lm_head
 from .schedule import HALVES, SCHEDULES, HalfCosts, chain_jobs, list_schedule, serial_seconds
@@ -127,6 +127,8 @@ class Step:
             ``attention_runs``), ``None`` for the host placement.
         timeline: the schedule, one row per task: ``task, half, layer, phase, resource, start, end`` (µs).
         notes: what the step did that was not asked for in so many words.
+        weight_dtype, kv_dtype: the step's weights (``"fp8"``: W8A8) and KV cache dtypes, ``"bf16"`` or
+            ``"fp8"`` (DESIGN.md §17); ``model`` carries them too.
     """
 
     def __init__(self, *, model: Model, host: Host, device: Device, contexts: tuple[int, ...], variant: str,
@@ -155,6 +157,7 @@ class Step:
         self.shares = self._shares()
         self.bound_kind = max(BOUND_KINDS, key=lambda k: (self.shares[k], -BOUND_KINDS.index(k)))
         self._bound: str | None = None
+        self.weight_dtype, self.kv_dtype = model.weight_dtype, model.kv_dtype
 
     # --- the accounting -----------------------------------------------------------------------
     def _breakdown(self) -> pd.DataFrame:
@@ -248,6 +251,7 @@ class Step:
             "host": self.host.to_dict(),
             "device": {k: clean(v) for k, v in self.device.to_dict().items()} if self.placement == AHBM else None,
             "notes": list(self.notes),
+            "weight_dtype": self.weight_dtype, "kv_dtype": self.kv_dtype,
         }
 
     def __repr__(self) -> str:
@@ -268,7 +272,7 @@ def _one_bound(gemms: Sequence[Gemm]) -> str:
 def step(model: str | Model, contexts: Sequence[int], *, variant: str = "opt2", device: Any = DEVICE_V1,
          host: Any = "h200", placement: str = "ahbm", schedule: str = "serial", tile: int = 128,
          check_capacity: bool = True, progress: Callable[[str], ContextManager[Any]] | None = None,
-         **overrides: Any) -> Step:
+         weight_dtype: str | None = None, kv_dtype: str | None = None, **overrides: Any) -> Step:
     """One decode step of ``model`` over a batch of ``contexts`` (DESIGN.md §15), timing mode.
 
     Args:
@@ -287,6 +291,10 @@ def step(model: str | Model, contexts: Sequence[int], *, variant: str = "opt2", 
             returns it with ``fits=False``.
         progress: a callable taking a phase's name (a device run, the host) and returning a context manager
             held while that phase runs (``kbwork step``'s progress bar); ``None``: nothing.
+        weight_dtype, kv_dtype: ``"bf16"`` or ``"fp8"`` over the model's own (``None``: the model's; DESIGN.md
+            §17): fp8 weights are W8A8 GEMMs at the host's ``peak_tflops_fp8``, 1 byte per weight and
+            activation element; fp8 KV is 1 byte per element on either placement (the device's tasks run
+            with ``kv_dtype="fp8"``).
         **overrides: device keys (``pes``, ``hbm_channels``, ``channel_bytes_per_cycle``) and topology keys
             (``fixed_cycles``, ``hazard_policy``, ...).
 
@@ -306,7 +314,7 @@ def step(model: str | Model, contexts: Sequence[int], *, variant: str = "opt2", 
     where = "model.step"
     phase = progress if progress is not None else (lambda name: contextlib.nullcontext())
     refuse_misnamed(overrides, where)
-    m = load_model(model)
+    m = with_dtypes(load_model(model), weight_dtype, kv_dtype)
     h = load_host(host)
     variant = _check_variant(variant, where)
     placement = _check_choice("placement", placement, PLACEMENTS, where)
@@ -350,9 +358,10 @@ def step(model: str | Model, contexts: Sequence[int], *, variant: str = "opt2", 
                 label += ", for the serial step to compare"
             with phase(f"{variant} on the device: one layer's attention ({label}, {len(part) * m.kv_heads} tasks)"):
                 tasks = assign_tasks(part, kv_heads=m.kv_heads, pes=dev.pes, tile=tile, first_sequence=first)
-                drun = attention_run(tasks, dev, variant, tile, group=m.group, head_dim=m.head_dim)
-                run = AttentionRun(name, tasks, drun.cycles, per_pe_cycles(drun, dev.pes),
-                                   drun.cycles / dev.clock_hz, channel_bound_cycles(tasks, dev, m.head_dim), drun)
+                drun = attention_run(tasks, dev, variant, tile, group=m.group, head_dim=m.head_dim,
+                                     kv_dtype=m.kv_dtype)
+                run = AttentionRun(name, tasks, drun.cycles, per_pe_cycles(drun, dev.pes), drun.cycles / dev.clock_hz,
+                                   channel_bound_cycles(tasks, dev, m.head_dim, m.kv_dtype), drun)
             halves.append(_Half(name, len(part), layer_gemms(m, h, len(part)), lm_head(m, h, len(part)),
                                 run.seconds, run, None))
         if len(halves) > 2:
@@ -438,13 +447,14 @@ def compare_row(s: Step) -> dict[str, Any]:
 
 def compare(model: str | Model, contexts: Sequence[int], *, variants: Sequence[str] = DEFAULT_VARIANTS,
             placements: Sequence[str] = PLACEMENTS, schedule: str = "serial", device: Any = DEVICE_V1,
-            host: Any = "h200", tile: int = 128, **overrides: Any) -> pd.DataFrame:
+            host: Any = "h200", tile: int = 128, weight_dtype: str | None = None, kv_dtype: str | None = None,
+            **overrides: Any) -> pd.DataFrame:
     """Every variant on the device and the host alone, on one batch: a DataFrame, one row per case.
 
     Columns: ``variant`` (``"-"`` for the host placement, where no PE variant runs), ``placement``,
     ``schedule``, ``seconds``, ``tokens_per_s``, ``attention_us_per_layer``, ``bound_kind``, ``bound``,
     ``fits`` (whether the case's weights and KV cache fit where they are placed: a case that does not is
-    timed all the same, never refused).
+    timed all the same, never refused). ``weight_dtype`` and ``kv_dtype`` are :func:`step`'s, for every case.
 
     Raises:
         The errors of :func:`step`, and a ValidationError for an empty, repeated or unknown variant or
@@ -459,6 +469,7 @@ def compare(model: str | Model, contexts: Sequence[int], *, variants: Sequence[s
     if any(p == AHBM for _, p in todo):
         check_device_tasks(len(ctx), load_model(model).kv_heads, "model.compare")
     load_device(device, **dict(overrides))
+    model = with_dtypes(load_model(model), weight_dtype, kv_dtype)
     rows = [compare_row(step(model, contexts, variant=v, device=device, host=host, placement=p, schedule=schedule,
                              tile=tile, check_capacity=False, **overrides)) for v, p in todo]
     return pd.DataFrame(rows, columns=COMPARE_COLUMNS)

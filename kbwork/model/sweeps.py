@@ -23,6 +23,7 @@ import pandas as pd
 from .. import sweep as _engine
 from ..config import Topology, sweepable_keys
 from ..errors import ConfigError, KbworkError, ValidationError
+from .. import keys as _keys
 from ..keys import sweepable_host_keys
 from .checks import check_batch, check_device_tasks, refuse_misnamed
 from .device import DEVICE_KEYS, DEVICE_V1, load_device
@@ -34,13 +35,16 @@ from .steps import cases as _cases
 
 def sweep_axes() -> tuple[str, ...]:
     """What :func:`sweep` can sweep: the model, the batch (every sequence at ``context``), the context, the tile,
-    every sweepable host key and every sweepable topology key (the device keys first), as the key tables say
+    the weights' and the KV cache's dtypes (``weight_dtype``, ``kv_dtype``: ``"bf16"`` | ``"fp8"``, over the
+    model's own), every sweepable host key and every sweepable topology key (the device keys first), as the key tables say
     (:func:`kbwork.keys.sweepable_host_keys`, :func:`kbwork.config.sweepable_keys`)."""
     topo = sweepable_keys()
-    return ("model", "batch", "context", "tile", *sweepable_host_keys(), *(k for k in DEVICE_KEYS if k in topo),
+    return ("model", "batch", "context", "tile", *DTYPE_AXES, *sweepable_host_keys(), *(k for k in DEVICE_KEYS if k in topo),
             *(k for k in topo if k not in DEVICE_KEYS))
 
 
+#: The precision axes (DESIGN.md §17): model keys a point applies over its model's.
+DTYPE_AXES = ("weight_dtype", "kv_dtype")
 #: :func:`sweep_axes` when kbwork was imported.
 SWEEP_AXES = sweep_axes()
 #: The axes every sweep has, with their defaults (``context`` has none: it must be given).
@@ -184,6 +188,8 @@ def _check_axis_value(name: str, val: Any, base_host: Any, base_device: Any) -> 
     try:
         if name == "model":
             load_model(val)
+        elif name in DTYPE_AXES:
+            _keys.MODEL.check(name, val)
         elif name in ("batch", "context", "tile"):
             _positive_int(name, val)
             if name == "batch":
@@ -221,7 +227,8 @@ def _sweep_point(task: tuple) -> list[dict]:
     rows = []
     for variant, placement, schedule in todo_cases:
         s = step(point["model"], contexts, variant=variant, device=d, host=h, placement=placement,
-                 schedule=schedule, tile=point.get("tile", 128), check_capacity=False)  # rows carry fits
+                 schedule=schedule, tile=point.get("tile", 128), check_capacity=False,  # rows carry fits
+                 **{k: point[k] for k in DTYPE_AXES if k in point})
         rows.append({**point, **compare_row(s)})
     return rows
 
