@@ -6,7 +6,8 @@ their tokens per second as bars beside the physical bounds of
 :mod:`kbwork.model.bounds`. Its sliders set the device's
 ``channel_bytes_per_cycle``, the PEs per channel (``pes = PEs per channel x
 hbm_channels``: the HBM keeps its channels, more PEs share each one) and
-``fixed_cycles``; dropdowns pick the model, the batch and the context.
+``fixed_cycles``; dropdowns pick the model, the batch, the context, and the weights' and the KV cache's
+dtypes (``bf16`` or ``fp8``, DESIGN.md §17).
 
 The update logic is a plain method (:meth:`StepPanel.update`), so tests drive
 it without a browser. The panel's figure is made once: an update moves its
@@ -38,7 +39,10 @@ from .plots.model import BOUND_FORMULAS, BOUND_NAMES, BOUND_STYLE, HOST_COLOR, c
 from .widgets import error_box_html, sync_controls
 
 #: The controls, in the order :attr:`StepPanel.values` lists them.
-CONTROLS = ("model", "batch", "context", "channel_bytes_per_cycle", "pes_per_channel", "fixed_cycles")
+CONTROLS = ("model", "batch", "context", "channel_bytes_per_cycle", "pes_per_channel", "fixed_cycles",
+            "weight_dtype", "kv_dtype")
+#: What the two dtype controls offer (DESIGN.md §17).
+DTYPES = ("bf16", "fp8")
 
 
 def _positive_int(name: str, v: Any, *, zero: bool = False) -> int:
@@ -59,6 +63,7 @@ class StepPanel:
 
     Args:
         model, batch, context: the step (every sequence at ``context``).
+        weight_dtype, kv_dtype: ``"bf16"`` or ``"fp8"``: the step's weights (W8A8) and KV cache.
         channel_bytes_per_cycle, pes_per_channel, fixed_cycles: the device settings (default: the
             device's own).
         variants, schedules: the cases on the device.
@@ -87,7 +92,7 @@ class StepPanel:
                  channel_bytes_per_cycle: float | None = None, pes_per_channel: int = 1,
                  fixed_cycles: int | None = None, variants: Sequence[str] = ("opt2", "opt3"),
                  schedules: Sequence[str] = ("serial", "ping_pong"), device: Any = mdl.DEVICE_V1,
-                 host: Any = "h200", draw: bool = True):
+                 host: Any = "h200", draw: bool = True, weight_dtype: str = "bf16", kv_dtype: str = "bf16"):
         if isinstance(schedules, str) or not isinstance(schedules, (list, tuple)) or not schedules \
                 or len(set(schedules)) != len(schedules):
             raise ValidationError(f"StepPanel: schedules must be a non-empty list or tuple of distinct schedules "
@@ -104,7 +109,8 @@ class StepPanel:
             channel_bytes_per_cycle=(self.device.channel_bytes_per_cycle if channel_bytes_per_cycle is None
                                      else channel_bytes_per_cycle),
             pes_per_channel=pes_per_channel,
-            fixed_cycles=self.device.topology.fixed_cycles if fixed_cycles is None else fixed_cycles)
+            fixed_cycles=self.device.topology.fixed_cycles if fixed_cycles is None else fixed_cycles,
+            weight_dtype=weight_dtype, kv_dtype=kv_dtype)
         self.draw = draw
         self.state: dict[str, Any] = {}
         self.steps: dict[str, Any] = {}
@@ -132,6 +138,9 @@ class StepPanel:
         v["context"] = _positive_int("context", v["context"])
         v["pes_per_channel"] = _positive_int("pes_per_channel", v["pes_per_channel"])
         v["fixed_cycles"] = _positive_int("fixed_cycles", v["fixed_cycles"], zero=True)
+        for name in ("weight_dtype", "kv_dtype"):
+            if v[name] not in DTYPES:
+                raise ValidationError(f"StepPanel.update: {name} must be one of {', '.join(DTYPES)}, got {v[name]!r}.")
         bw = v["channel_bytes_per_cycle"]
         if isinstance(bw, (bool, np.bool_)) or not isinstance(bw, numbers.Real) or not bw > 0:
             raise ValidationError(f"StepPanel.update: channel_bytes_per_cycle must be a positive number, got "
@@ -173,14 +182,16 @@ class StepPanel:
         try:
             dev = self.device_for(values)
             # capacity is shown (a hollow bar), not refused: every setting the controls reach draws
+            dtypes = {k: values[k] for k in ("weight_dtype", "kv_dtype")}
             steps = {case_label(v, p, s): mdl.step(values["model"], contexts, variant=v, device=dev,
-                                                   host=self.host, placement=p, schedule=s, check_capacity=False)
+                                                   host=self.host, placement=p, schedule=s, check_capacity=False,
+                                                   **dtypes)
                      for v, p, s in self.cases}
         except KbworkError as exc:
             self._fail(exc)
             raise
         self.values, self.steps, self.error = values, steps, None
-        self.bound = physical_bound(values["model"], contexts, host=self.host, device=dev)
+        self.bound = physical_bound(values["model"], contexts, host=self.host, device=dev, **dtypes)
         rows = []
         for (v, p, s), (label, st) in zip(self.cases, steps.items()):
             kind = bound_kind_of(p, s)
@@ -205,7 +216,9 @@ class StepPanel:
         return (f"{v['model']}, batch {v['batch']}, context {context_label(v['context'])}; "
                 f"{v['pes_per_channel'] * self.device.hbm_channels} PEs ({v['pes_per_channel']} per channel) on "
                 f"{self.device.hbm_channels} channels x {v['channel_bytes_per_cycle']:g} B/cycle, "
-                f"FIXED {v['fixed_cycles']} cycles")
+                f"FIXED {v['fixed_cycles']} cycles"
+                + "".join(f"; {w} {v[k]}" for w, k in (("weights", "weight_dtype"), ("KV", "kv_dtype"))
+                          if v[k] != "bf16"))
 
     def summary_html(self) -> str:
         """One line per case: tokens/s, its share of its bound and what bounds the step."""
@@ -296,7 +309,7 @@ class StepPanel:
             f"decode tokens/s of {v['model']}, batch {v['batch']}, context {context_label(v['context'])}\n"
             f"AHBM: {self.state['pes']} PEs ({v['pes_per_channel']} per channel) on {self.device.hbm_channels} "
             f"channels x {v['channel_bytes_per_cycle']:g} B/cycle, FIXED {v['fixed_cycles']} cycles · "
-            f"host {self.host.name} ({self.host.hbm_tb_s:g} TB/s)")
+            f"host {self.host.name} ({self.host.hbm_tb_s:g} TB/s) · weights {v['weight_dtype']}, KV {v['kv_dtype']}")
 
     def _render(self) -> None:
         if self.draw:
@@ -362,6 +375,10 @@ class StepPanel:
                                 description="batch", style={"description_width": "70px"}),
             "context": W.Dropdown(options=[(context_label(c), c) for c in sorted({*self.CONTEXTS, int(v["context"])})],
                                   value=int(v["context"]), description="context", style={"description_width": "70px"}),
+            "weight_dtype": W.Dropdown(options=list(DTYPES), value=v["weight_dtype"], description="weights",
+                                       style={"description_width": "70px"}),
+            "kv_dtype": W.Dropdown(options=list(DTYPES), value=v["kv_dtype"], description="KV cache",
+                                   style={"description_width": "70px"}),
         }
         for name, ctl in w.items():
             ctl.add_class(f"kbwork-{name.replace('_', '-')}")
@@ -371,7 +388,8 @@ class StepPanel:
             parts["figure"] = W.Image(format="png", layout=W.Layout(max_width="100%", height="auto"))
         self._widgets = dict(w, **parts)
         self._box = W.VBox([W.HBox([W.VBox([w["channel_bytes_per_cycle"], w["pes_per_channel"], w["fixed_cycles"]]),
-                                    W.VBox([w["model"], w["batch"], w["context"]])]),
+                                    W.VBox([w["model"], w["batch"], w["context"]]),
+                                    W.VBox([w["weight_dtype"], w["kv_dtype"]])]),
                             parts["message"], parts["summary"], *([parts["figure"]] if self.draw else [])])
         self._box.add_class("kbwork-step-panel")
         self._render()

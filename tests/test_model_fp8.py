@@ -107,3 +107,22 @@ def test_sweep_axes_and_the_cli_flags(capsys):
     assert main(["step", "--model", "llama-3-8b", "--batch", "4", "--context", "1024", "--placement", "host",
                  "--kv-dtype", "fp8"]) == 0
     assert "; KV fp8" in capsys.readouterr().out
+
+
+def test_the_step_panel_has_dtype_controls():
+    from kbwork.model_panel import CONTROLS, StepPanel
+    assert {"weight_dtype", "kv_dtype"} <= set(CONTROLS)
+    panel = StepPanel(model="llama-3-8b", batch=64, context=2048, variants=("opt2",), schedules=("serial",),
+                      draw=False)
+    before = panel.state["tokens_per_s"]["H200 alone"]
+    state = panel.update(weight_dtype="fp8", kv_dtype="fp8")
+    s = mdl.step("llama-3-8b", [2048] * 64, placement="host", weight_dtype="fp8", kv_dtype="fp8")
+    assert state["tokens_per_s"]["H200 alone"] == pytest.approx(s.tokens_per_s) and s.tokens_per_s > 1.5 * before
+    assert "weights fp8; KV fp8" in panel.setting_text()
+    with pytest.raises(Exception, match="kv_dtype must be one of bf16, fp8"):
+        panel.update(kv_dtype="fp4")
+    pytest.importorskip("ipywidgets")
+    box = StepPanel(model="llama-3-8b", batch=2, context=1024, variants=("opt2",), schedules=("serial",))
+    box.widget()
+    box._widgets["kv_dtype"].value = "fp8"
+    assert box.state["kv_dtype"] == "fp8" and box.error is None
