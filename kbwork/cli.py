@@ -155,6 +155,11 @@ def _sim_options(p: argparse.ArgumentParser, mode: str = "data") -> None:
     g.add_argument("--head-dim", type=positive_int, default=128, help="head dimension d (default 128)")
     g.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"],
                    help="storage dtype of q, k, v (default bf16)")
+    g.add_argument("--kv-dtype", default=None, choices=["bf16", "fp16", "fp32", "fp8"],
+                   help="dtype of K and V (default: --dtype); fp8 is e4m3fn, 1 byte per element")
+    g.add_argument("--out-dtype", default="fp32", choices=["fp32", "bf16"],
+                   help="dtype O is stored in (default fp32; bf16 rounds it at the store). With --set "
+                        "p_dtype=bf16, a bf16 kernel as a GPU computes it")
     g.add_argument("--mode", default=mode, choices=["data", "timing"],
                    help=f"data (numbers) or timing only (default {mode})")
     g.add_argument("--seed", type=nonnegative_int, default=0, help="input seed, >= 0 (default 0)")
@@ -201,7 +206,7 @@ def _kwargs(a: argparse.Namespace) -> dict[str, Any]:
                                                   in _KEY_FLAGS.items() if getattr(a, attr) is not None})
     topo.replace(**overrides)  # the flags' values too (they are range-checked already; this is the whole)
     return dict(kv_len=a.kv_len, tile=a.tile, group=a.group, head_dim=a.head_dim, dtype=a.dtype, mode=a.mode,
-                seed=a.seed, topology=a.topology, **overrides)
+                seed=a.seed, topology=a.topology, kv_dtype=a.kv_dtype, out_dtype=a.out_dtype, **overrides)
 
 
 def _before_simulating(kw: dict[str, Any], variants: tuple[str, ...]) -> None:

@@ -147,3 +147,17 @@ def test_compare_and_sweep_take_the_precision_knobs():
     cyc = rows.set_index(["kv_dtype", "out_dtype", "p_dtype", "variant"]).cycles
     assert cyc["fp8", "fp32", "fp32", "opt2"] < cyc["bf16", "fp32", "fp32", "opt2"]
     assert cyc["bf16", "fp32", "bf16", "opt2"] <= cyc["bf16", "fp32", "fp32", "opt2"]
+
+
+def test_the_command_line_takes_the_precision_knobs(capsys):
+    import json
+
+    from kbwork.__main__ import main
+    assert main(["compare", "--kv-len", "256", "--variants", "opt2,opt3,a1", "--set", "p_dtype=bf16",
+                 "--out-dtype", "bf16", "--kv-dtype", "fp8", "--json", "-q"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert (d["params"]["p_dtype"], d["params"]["out_dtype"], d["params"]["kv_dtype"]) == ("bf16", "bf16", "fp8")
+    assert all(v["O"] == 0.0 for v in d["max_abs_diff"].values())
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "--variant", "opt2", "--kv-len", "256", "--out-dtype", "fp16"])
+    assert exc.value.code == 2 and "argument --out-dtype: invalid choice: 'fp16'" in capsys.readouterr().err
