@@ -435,8 +435,8 @@ class Comparison:
     @property
     def params(self) -> dict[str, Any]:
         """What was run, the same for every variant (:attr:`DecodeRun.params`): ``kv_len``, ``group``,
-        ``head_dim``, ``tile``, ``dtype``, ``mode``, ``seed``, ``fixed_cycles``, ``r_cycles_per_byte``,
-        ``hazard_policy`` and the topology's name."""
+        ``head_dim``, ``tile``, ``dtype``, ``kv_dtype``, ``out_dtype``, ``p_dtype``, ``mode``, ``seed``,
+        ``fixed_cycles``, ``r_cycles_per_byte``, ``hazard_policy`` and the topology's name."""
         return next(iter(self.runs.values())).params
 
     @property
