@@ -253,7 +253,7 @@ def _same(a: Any, b: Any) -> bool:
 
 
 #: The version of a model sweep's rows; a file of another schema is not resumed.
-SWEEP_SCHEMA = 2  # 2: the fits column
+SWEEP_SCHEMA = 3  # 2: the fits column; 3: joules, tokens_per_j, watts (DESIGN §18)
 
 
 def _sweep_meta(names: list[str], values: list[list], todo_cases: list[tuple[str, str, str]], base_host: Any,
@@ -364,11 +364,15 @@ class _SweepLog(SweepFile):
                                f"Remove that line (its point then runs again) or write to another file.")
 
         row: dict[str, Any] = {c: fields[c] for c in ("variant", "placement", "schedule")}
-        for column, positive in (("seconds", True), ("tokens_per_s", True), ("attention_us_per_layer", False)):
+        for column, positive in (("seconds", True), ("tokens_per_s", True), ("attention_us_per_layer", False),
+                                 ("joules", False), ("tokens_per_j", False), ("watts", False)):
             try:
                 v = float(fields[column])
             except ValueError:
                 raise bad(column, "a number") from None
+            if column == "tokens_per_j" and v == math.inf and float(fields["joules"]) == 0:
+                row[column] = v  # every energy key 0: a free step
+                continue
             if not math.isfinite(v) or v < 0 or (positive and v == 0):
                 raise bad(column, "a finite number > 0" if positive else "a finite number >= 0")
             row[column] = v
