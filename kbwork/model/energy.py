@@ -30,7 +30,7 @@ import pandas as pd
 
 from ..analysis.energy import ENERGY_KEYS, WORK_KINDS, energy_by_kind, prices
 from ..errors import ConfigError
-from .files import BYTES_PER_ELEMENT, HOST_KEYS
+from .files import BYTES_PER_ELEMENT
 from .host import LAYER_GEMMS, LM_HEAD
 
 ENERGY_COLUMNS = ["part", "resource", "kind", "joules"]
@@ -56,9 +56,8 @@ def split_keys(keys: dict[str, Any], where: str) -> tuple[dict[str, Any], dict[s
     host = {k: v for k, v in keys.items() if k in HOST_ENERGY_KEYS}
     other = [k for k in keys if k not in device and k not in host]
     if other:
-        known = "; host keys " if any(k in HOST_KEYS for k in other) else ""
-        raise ConfigError(f"{where}: {', '.join(map(repr, other))} {'is' if len(other) == 1 else 'are'} not energy "
-                          f"key{'s' if len(other) > 1 else ''}{known}: a step's energy re-prices with "
+        what = "is not an energy key" if len(other) == 1 else "are not energy keys"
+        raise ConfigError(f"{where}: {', '.join(map(repr, other))} {what}: a step's energy re-prices with "
                           f"{', '.join(STEP_ENERGY_KEYS)} (other keys change the timing: run model.step again).")
     return device, host
 
