@@ -137,3 +137,45 @@ def test_the_h200_alone_draws_what_an_h200_draws_under_decode():
     # DESIGN §18's sanity row: Llama-3-8B, batch 64 at 2k on the H200 alone: 400-700 W, 0.03-0.2 J/token
     s = mdl.step("llama-3-8b", [2048] * 64, placement="host")
     assert 400 <= s.watts <= 700 and 0.03 <= s.joules / s.batch <= 0.2
+
+
+def test_the_energy_plots_draw_every_case_and_every_group():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from kbwork import plots
+    from kbwork.model.energy import GROUPS
+
+    rows, bars = [], {}
+    for b in (1, 4):
+        host = mdl.step("llama-3-8b", [1024] * b, placement="host")
+        dev = mdl.step("llama-3-8b", [1024] * b)
+        for label, s in (("H200 alone", host), ("AHBM base die", dev),
+                         ("AHBM bank", dev.with_energy(hbm_pj_per_bit=0.55))):
+            rows.append({"case": label, "batch": b, "tokens_per_s": s.tokens_per_s, "tokens_per_j": s.tokens_per_j,
+                         "fits": b == 1})
+            bars[f"{label}, batch {b}"] = {**grouped(s.energy).to_dict(), "batch": b}
+    ax = plots.tokens_per_j(pd.DataFrame(rows))
+    gids = {a.get_gid() for a in ax.get_lines()}
+    assert {"case:H200 alone", "case:AHBM base die", "case:AHBM bank", "case:AHBM bank:hollow"} <= gids
+    assert ax.hollow and ax.get_xscale() == "log"
+    frame = pd.DataFrame.from_dict(bars, orient="index")
+    ax = plots.energy_bars(frame)
+    drawn = {p.get_gid() for p in ax.patches}
+    assert {"group:host busy", "group:HBM", "group:link"} <= drawn and "group:MAC" in drawn
+    tops = [t.get_text() for t in ax.texts]
+    assert len(tops) == len(frame) and all(t.startswith("idle ") for t in tops)
+    # the bars' heights are the steps' mJ per token
+    first = frame.iloc[0]
+    assert sum(p.get_height() for p in ax.patches if p.get_x() < 0.5) == pytest.approx(
+        sum(first[g] for g in GROUPS.values()) * 1e3 / first["batch"])
+    plt.close("all")
+    from kbwork.errors import ValidationError
+
+    with pytest.raises(ValidationError, match="energy_bars: per="):
+        plots.energy_bars(frame, per="layer")
+    with pytest.raises(ValidationError, match="tokens_per_j: expected"):
+        plots.tokens_per_j(frame)
