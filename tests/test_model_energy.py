@@ -179,3 +179,22 @@ def test_the_energy_plots_draw_every_case_and_every_group():
         plots.energy_bars(frame, per="layer")
     with pytest.raises(ValidationError, match="tokens_per_j: expected"):
         plots.tokens_per_j(frame)
+
+
+def test_the_panel_s_energy_sliders_re_price_without_simulating(monkeypatch):
+    from kbwork import model_panel
+
+    panel = model_panel.StepPanel(model="llama-3-8b", batch=2, context=1024, variants=("opt2",),
+                                  schedules=("serial",), draw=False)
+    assert set(model_panel.ENERGY_CONTROLS) <= set(panel.values)
+    before = panel.state["tokens_per_j"]["opt2 on AHBM, serial"]
+    want = mdl.step("llama-3-8b", [1024] * 2, host={"busy_w": 300}, hbm_pj_per_bit=0.55)
+    calls = []
+    monkeypatch.setattr(model_panel.mdl, "step", lambda *a, **k: calls.append(a))  # any simulation would show
+    state = panel.update(hbm_pj_per_bit=0.55, busy_w=300)
+    assert calls == [] and state["tokens_per_j"]["opt2 on AHBM, serial"] > before
+    assert state["tokens_per_j"]["opt2 on AHBM, serial"] == pytest.approx(want.tokens_per_j, rel=1e-12)
+    assert panel.steps["H200 alone"].host.busy_w == 300 and "tokens/J" in panel.summary_html()
+    with pytest.raises(ConfigError, match=r"'pe_idle_mw' is -1"):
+        panel.update(pe_idle_mw=-1)
+    assert panel.values["pe_idle_mw"] == 50.0 and panel.error
