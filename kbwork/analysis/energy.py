@@ -18,9 +18,9 @@ The energy keys are topology keys (``hbm_pj_per_bit`` ...): they price the count
 Counts are exact integers and do not depend on how the timeline was computed, so the steady path and the
 full path give identical counts. The byte counts and the dispatch cycles are read off the run's stage
 arrays (the op_log's ``bytes`` and DISPATCH durations, without building the op_log); the MACs and MATH
-element-costs, which the op_log does not carry, are what the planner makes of each command's ops: every
-distinct command is planned once with its stages counted instead of timed (a loop's body once, times its
-iterations). A device PE replicated from another (``run.reductions.replicated_from``) has that PE's counts.
+element-costs, which the op_log does not carry, are read off each command's ops as the planner sizes their
+stages (a GEMM's m·n·k; a MATH stage's element count, :mod:`kbwork.pe.tiling`), once per distinct command (a
+loop's body once, times its iterations). A device PE replicated from another (``run.reductions.replicated_from``) has that PE's counts.
 Counts are computed once per run and kept beside it; :func:`energy` with other prices (``hbm_pj_per_bit=0.55``)
 re-prices them without re-counting.
 
@@ -42,13 +42,12 @@ import pandas as pd
 from .. import keys as _keys
 from ..config import Topology
 from ..errors import ConfigError
-from ..pe.commands import DmaCmd
-from ..pe.engines import Latency
+from ..pe.commands import DmaCmd, Scope
 from ..pe.ops import OPS
 from ..pe.program import Plain
-from ..pe.stages import RawStageTable, StageKind
+from ..pe.stages import StageKind
 from ..pe.templates import signature_key
-from ..pe.tiling import generate_plan_from_ops
+from ..pe.tiling import _n_elements, _row_len
 from .inputs import _resolve_run_only
 
 #: The kinds of :func:`energy`'s rows, in order.
@@ -67,70 +66,85 @@ _UNIT_NAMES = np.array([UNITS[k] for k in KINDS], dtype=object)
 #: The kinds a PE's work gives (every kind but ``idle``, which the device's powered time gives).
 WORK_KINDS = KINDS[:-1]
 
-_DMA_READ, _FETCH, _GEMM, _MATH, _DMA_WRITE = (int(StageKind.DMA_READ), int(StageKind.FETCH), int(StageKind.GEMM),
-                                               int(StageKind.MATH), int(StageKind.DMA_WRITE))
+_DMA_READ, _FETCH, _DMA_WRITE = int(StageKind.DMA_READ), int(StageKind.FETCH), int(StageKind.DMA_WRITE)
 # a run's counts, kept as long as the run lives (re-pricing never re-counts)
 _COUNTS: "weakref.WeakKeyDictionary[Any, tuple[np.ndarray, np.ndarray]]" = weakref.WeakKeyDictionary()
 
 
-class _Counting(Latency):
-    """The planner's latency model with every stage's duration replaced by its energy count: a GEMM tile its
-    MACs (tm·tn·tk), a MATH stage its element-costs; the planner then lays out exactly the stages the run
-    has, and the counts add up per kind."""
-
-    def dma(self, nbytes: int) -> int:
-        return 0
-
-    def fetch(self, nbytes: int) -> int:
-        return 0
-
-    def gemm(self, tm: int, tn: int, tk: int) -> int:
-        return tm * tn * tk
-
-    def math(self, kind: str, n_elements: int, row_len: int = 1) -> int:
-        info = OPS[kind]
-        count = n_elements * (self._cost_exp if info.exp_cost else self._cost_other)
-        if info.reduction and row_len > 1:
-            count += (row_len - 1).bit_length()  # ceil(log2(row_len)), as the timing's reduction term
-        return count
+def _math_count(kind: str, n_elements: int, row_len: int, cost_exp: int, cost_other: int) -> int:
+    """One MATH stage's element-costs: ``n × cost`` + ``ceil(log2(row_len))`` for a row reduction (the terms of
+    its timing, DESIGN §1)."""
+    info = OPS[kind]
+    count = n_elements * (cost_exp if info.exp_cost else cost_other)
+    if info.reduction and row_len > 1:
+        count += (row_len - 1).bit_length()  # ceil(log2(row_len)), as the timing's reduction term
+    return count
 
 
-def _command_counts(cmd: Any, topo: Topology, lat: _Counting, memo: dict) -> tuple[int, int]:
-    """``(MACs, MATH element-costs)`` of one command (0, 0 for a DMA command); equal signatures plan alike."""
+def _chain(ops: Any, target: Any, ce: int, co: int) -> int:
+    """Element-costs of ops run once, in order, each on its largest operand or output (an accumulator op on the
+    nearest preceding output, ``target`` before the first), as the planner sizes them."""
+    total = 0
+    for op in ops:
+        info = OPS[op.kind]
+        total += _math_count(op.kind, _n_elements(op, target if info.accumulator else None), _row_len(op), ce, co)
+        if op.out is not None:
+            target = op.out
+    return total
+
+
+def _command_counts(cmd: Any, topo: Topology, memo: dict) -> tuple[int, int]:
+    """``(MACs, MATH element-costs)`` of one command (0, 0 for a DMA command), as the planner lays out its
+    stages (:mod:`kbwork.pe.tiling`): a GEMM's tiles cover m·n·k exactly (ragged edges, not padded); an op on
+    the accumulator runs on every tile (``tm·tn``, Σ = m·n), after every k-tile when its scope is ``k_tile``;
+    the ops before the GEMM and after it with scope ``kernel`` run once. Commands of one signature count alike."""
     if isinstance(cmd, DmaCmd):
         return 0, 0
     key = signature_key(cmd)
     got = memo.get(key) if key is not None else None
-    if got is None:
-        table = RawStageTable()
-        generate_plan_from_ops(cmd, topo, table, None, lat)
-        kind = np.asarray(table.kind, dtype=np.int8)
-        dur = np.asarray(table.dur, dtype=np.int64)
-        got = (int(dur[kind == _GEMM].sum()), int(dur[kind == _MATH].sum()))
-        if key is not None:
-            memo[key] = got
+    if got is not None:
+        return got
+    ce, co = topo.math_cost_exp, topo.math_cost_other
+    ops = cmd.ops
+    g = next((i for i, op in enumerate(ops) if op.kind == "gemm"), None)
+    if g is None:
+        got = (0, _chain(ops, None, ce, co))
+    else:
+        gemm = ops[g]
+        m, k, n = gemm.extra["m"], gemm.extra["k"], gemm.extra["n"]
+        k_tiles = -(-k // topo.tile_k)
+        elements = _chain(ops[:g], None, ce, co)
+        after = ops[g + 1:]
+        for op in after:
+            if op.scope is not Scope.KERNEL:  # on the accumulator, per output tile (and per k-tile)
+                per = m * n * (k_tiles if op.scope is Scope.K_TILE else 1)
+                elements += _math_count(op.kind, per, 1, ce, co)
+        elements += _chain([op for op in after if op.scope is Scope.KERNEL], gemm.out, ce, co)
+        got = (m * n * k, elements)
+    if key is not None:
+        memo[key] = got
     return got
 
 
 def _ops_counts(run: Any, topo: Topology) -> tuple[int, int]:
     """``(MACs, MATH element-costs)`` of every command one PE's run executed."""
-    lat, memo = _Counting(topo), {}
+    memo: dict = {}
     macs = elements = 0
     sources = getattr(run, "_source", None)
     if sources is None:  # a run not made by a simulator's launch list: its commands, one by one
         for cmd in run.commands:
-            m, e = _command_counts(cmd, topo, lat, memo)
+            m, e = _command_counts(cmd, topo, memo)
             macs, elements = macs + m, elements + e
         return macs, elements
     for prog in sources:
         for seg in prog.trace.segments:
             if isinstance(seg, Plain):
                 for cmd in seg.commands:
-                    m, e = _command_counts(cmd, topo, lat, memo)
+                    m, e = _command_counts(cmd, topo, memo)
                     macs, elements = macs + m, elements + e
-            else:  # a tl.range loop: every iteration repeats iteration 0's shapes (DESIGN §13)
-                for k in range(len(seg.body)):
-                    m, e = _command_counts(seg.command(0, k), topo, lat, memo)
+            else:  # a tl.range loop: its body traced once, every iteration of the same shapes (DESIGN §13)
+                for body in seg.body:
+                    m, e = _command_counts(body, topo, memo)
                     macs, elements = macs + m * seg.iterations, elements + e * seg.iterations
     return macs, elements
 

@@ -20,6 +20,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.ticker import NullFormatter
 
 from ..errors import ValidationError
 from ..model.energy import GROUPS
@@ -36,7 +37,7 @@ IDLE_GROUPS = ("device idle", "host idle")
 
 
 def tokens_per_j(frame: pd.DataFrame, *, case: str = "case", ax: plt.Axes | None = None,
-                 annotate: str | None = "batch") -> plt.Axes:
+                 annotate: str | None = "batch", legend: bool = True) -> plt.Axes:
     """Tokens/s (x) against tokens/J (y), one line per value of column ``case``, through its rows in order.
 
     Args:
@@ -45,6 +46,7 @@ def tokens_per_j(frame: pd.DataFrame, *, case: str = "case", ax: plt.Axes | None
         case: the column naming each line.
         ax: where to draw (a new figure when None).
         annotate: a column whose value is written beside each point of the first line (``None``: nothing).
+        legend: draw the legend (``False`` for all but one panel of a grid).
 
     Returns:
         The Axes; ``ax.hollow`` says whether any point does not fit.
@@ -72,11 +74,14 @@ def tokens_per_j(frame: pd.DataFrame, *, case: str = "case", ax: plt.Axes | None
                             color="#444444")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    for axis in (ax.xaxis, ax.yaxis):  # labels on the decades only: a minor label per tick overlaps
+        axis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("tokens per second (log scale)")
     ax.set_ylabel("tokens per joule (log scale)")
     ax.grid(True, which="major", alpha=0.3)
     ax.hollow = not fits.all()
-    ax.legend(handles=add_hollow_entry(ax, ax.hollow), fontsize=7.5, loc="best")
+    if legend:
+        ax.legend(handles=add_hollow_entry(ax, ax.hollow), fontsize=7.5, loc="best")
     return ax
 
 
