@@ -15,7 +15,6 @@ Artists the tests look for carry a ``gid``: ``case:<label>`` (a line) and ``grou
 
 from __future__ import annotations
 
-from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
