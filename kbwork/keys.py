@@ -339,6 +339,20 @@ TOPOLOGY = KeyTable("topology", (
         "its DMA unit's rate", low=1e-6, high=1e12, inf=True, planned=True),
     Key("hbm_gib", float, math.inf, "GiB", "the device's HBM capacity (1 GiB = 2**30 bytes), what a model "
         "step's KV cache must fit in; `inf`: unbounded", low=1e-3, high=1e6, inf=True),
+    # energy (DESIGN.md §18): prices of the counts the op_log gives; they never change a cycle, and 0 (a free
+    # resource) is allowed
+    Key("hbm_pj_per_bit", float, 3.29, "pJ per bit", "energy of a bit a DMA stage moves between HBM and the "
+        "PE (base die 3.29, bank group 1.56, bank 0.55)", zero=True, high=1e6),
+    Key("tcm_pj_per_byte", float, 1.28, "pJ per byte", "energy of a byte written to or read from TCM (every "
+        "DMA stage's bytes and every FETCH's)", zero=True, high=1e6),
+    Key("mac_pj", float, 0.32, "pJ per MAC", "energy of one multiply-accumulate of a GEMM's logical m·n·k",
+        zero=True, high=1e6),
+    Key("math_pj_per_element", float, 0.32, "pJ per element-cost", "energy of one MATH element per unit of "
+        "its cost factor", zero=True, high=1e6),
+    Key("dispatch_pj_per_cycle", float, 8.0, "pJ per cycle", "energy of a PE_CPU cycle spent dispatching",
+        zero=True, high=1e9),
+    Key("pe_idle_mw", float, 50.0, "mW", "power every PE draws while the device is powered (leakage, clocks)",
+        zero=True, high=1e9),
 ))
 
 HOST = KeyTable("host", (
@@ -358,6 +372,17 @@ HOST = KeyTable("host", (
         "the weights, and the KV cache under `placement=\"host\"`", low=1e-3, high=1e6),
     Key("attention_bandwidth", str, None, "", "the GPU's measured decode-attention table, a CSV in "
         "`data/measured/` (or a path): eta_attn of `placement=\"host\"`", sweep=False),
+    # energy (DESIGN.md §18); named apart from the topology's hbm_pj_per_bit, so sweeping the PE's level never
+    # moves the GPU's
+    Key("gpu_hbm_pj_per_bit", float, None, "pJ per bit", "energy of a bit the GPU moves to or from its HBM",
+        zero=True, high=1e6),
+    Key("flop_pj", float, None, "pJ per FLOP", "energy of one bf16 FLOP on the GPU", zero=True, high=1e6),
+    Key("idle_w", float, None, "W", "what the GPU draws when powered and idle, for the whole step", zero=True,
+        high=1e6),
+    Key("busy_w", float, None, "W", "what the GPU draws beyond idle, HBM and FLOP energy while a kernel runs",
+        zero=True, high=1e6),
+    Key("link_pj_per_bit", float, None, "pJ per bit", "energy of a bit handed between host and device", zero=True,
+        high=1e6),
 ))
 
 MODEL = KeyTable("model", (

@@ -1,4 +1,5 @@
-"""An ipywidgets panel over a model's decode step: channel bandwidth, PEs per channel and FIXED, redrawn live.
+"""An ipywidgets panel over a model's decode step: channel bandwidth, PEs per channel, FIXED and the energy
+keys, redrawn live.
 
 :class:`StepPanel` runs one decode step (DESIGN.md §15) per case — each decode
 variant under each schedule on the AHBM device, and the H200 alone — and draws
@@ -7,7 +8,11 @@ their tokens per second as bars beside the physical bounds of
 ``channel_bytes_per_cycle``, the PEs per channel (``pes = PEs per channel x
 hbm_channels``: the HBM keeps its channels, more PEs share each one) and
 ``fixed_cycles``; dropdowns pick the model, the batch, the context, and the weights' and the KV cache's
-dtypes (``bf16`` or ``fp8``, DESIGN.md §17).
+dtypes (``bf16`` or ``fp8``, DESIGN.md §17). The
+energy sliders (DESIGN.md §18: the device's ``hbm_pj_per_bit`` ... ``pe_idle_mw``
+and the host's ``gpu_hbm_pj_per_bit`` ... ``link_pj_per_bit``) re-price the
+steps already simulated (:meth:`kbwork.model.Step.with_energy`): moving one
+simulates nothing, and each case shows its tokens per joule and watts.
 
 The update logic is a plain method (:meth:`StepPanel.update`), so tests drive
 it without a browser. The panel's figure is made once: an update moves its
@@ -31,18 +36,28 @@ from matplotlib.figure import Figure
 
 from . import model as mdl
 from .errors import KbworkError, ValidationError
+from . import keys as _keys
 from .model.bounds import BOUND_KINDS, bound_kind_of, physical_bound
+from .model.energy import HOST_ENERGY_KEYS, STEP_ENERGY_KEYS
 from .model.schedule import SCHEDULES
 from .model.steps import _check_choice, cases
 from .plots import VARIANT_COLORS
 from .plots.model import BOUND_FORMULAS, BOUND_NAMES, BOUND_STYLE, HOST_COLOR, case_label, context_label
 from .widgets import error_box_html, sync_controls
 
-#: The controls, in the order :attr:`StepPanel.values` lists them.
-CONTROLS = ("model", "batch", "context", "channel_bytes_per_cycle", "pes_per_channel", "fixed_cycles",
-            "weight_dtype", "kv_dtype")
+#: The controls that change the timing (a change runs every step again).
+TIMING_CONTROLS = ("model", "batch", "context", "channel_bytes_per_cycle", "pes_per_channel", "fixed_cycles",
+                   "weight_dtype", "kv_dtype")
 #: What the two dtype controls offer (DESIGN.md §17).
 DTYPES = ("bf16", "fp8")
+#: The energy controls (a change re-prices the steps already run): the device's energy keys, then the host's.
+ENERGY_CONTROLS = STEP_ENERGY_KEYS
+#: The controls, in the order :attr:`StepPanel.values` lists them.
+CONTROLS = (*TIMING_CONTROLS, *ENERGY_CONTROLS)
+#: Each energy slider's largest value (at least the key's own value).
+_ENERGY_MAX = {"hbm_pj_per_bit": 5.0, "tcm_pj_per_byte": 4.0, "mac_pj": 1.0, "math_pj_per_element": 1.0,
+               "dispatch_pj_per_cycle": 20.0, "pe_idle_mw": 200.0, "gpu_hbm_pj_per_bit": 6.0, "flop_pj": 0.5,
+               "idle_w": 200.0, "busy_w": 700.0, "link_pj_per_bit": 2.0}
 
 
 def _positive_int(name: str, v: Any, *, zero: bool = False) -> int:
@@ -63,18 +78,19 @@ class StepPanel:
 
     Args:
         model, batch, context: the step (every sequence at ``context``).
-        weight_dtype, kv_dtype: ``"bf16"`` or ``"fp8"``: the step's weights (W8A8) and KV cache.
         channel_bytes_per_cycle, pes_per_channel, fixed_cycles: the device settings (default: the
             device's own).
         variants, schedules: the cases on the device.
         device, host: as :func:`kbwork.model.step` takes them; the panel keeps the device's
             ``hbm_channels`` and sets ``pes = pes_per_channel x hbm_channels``.
         draw: build and update the figure (``False``: numbers only).
+        **energy: energy keys (:data:`ENERGY_CONTROLS`) priced instead of the device's and host's own.
 
     Attributes:
         values: the control values last run.
         state: the last result (see :meth:`update`).
-        steps: the last :class:`kbwork.model.Step` of each case, by its label.
+        steps: the last :class:`kbwork.model.Step` of each case, by its label (priced under the energy
+            controls).
         bound: the last :class:`kbwork.model.PhysicalBound`.
         error: the message of the last setting that could not be run (``None`` once one could).
         figure: the panel's Figure, the same object for the panel's life.
@@ -92,7 +108,8 @@ class StepPanel:
                  channel_bytes_per_cycle: float | None = None, pes_per_channel: int = 1,
                  fixed_cycles: int | None = None, variants: Sequence[str] = ("opt2", "opt3"),
                  schedules: Sequence[str] = ("serial", "ping_pong"), device: Any = mdl.DEVICE_V1,
-                 host: Any = "h200", draw: bool = True, weight_dtype: str = "bf16", kv_dtype: str = "bf16"):
+                 host: Any = "h200", draw: bool = True, weight_dtype: str = "bf16", kv_dtype: str = "bf16",
+                 **energy: Any):
         if isinstance(schedules, str) or not isinstance(schedules, (list, tuple)) or not schedules \
                 or len(set(schedules)) != len(schedules):
             raise ValidationError(f"StepPanel: schedules must be a non-empty list or tuple of distinct schedules "
@@ -110,8 +127,10 @@ class StepPanel:
                                      else channel_bytes_per_cycle),
             pes_per_channel=pes_per_channel,
             fixed_cycles=self.device.topology.fixed_cycles if fixed_cycles is None else fixed_cycles,
-            weight_dtype=weight_dtype, kv_dtype=kv_dtype)
+            weight_dtype=weight_dtype, kv_dtype=kv_dtype,
+            **{k: getattr(self.host if k in HOST_ENERGY_KEYS else self.device.topology, k) for k in ENERGY_CONTROLS})
         self.draw = draw
+        self._simulated: dict[str, Any] = {}  # each case's step as simulated, before the energy controls
         self.state: dict[str, Any] = {}
         self.steps: dict[str, Any] = {}
         self.bound: Any = None
@@ -121,7 +140,7 @@ class StepPanel:
         self._widgets: dict[str, Any] = {}
         self._box = None
         self._quiet = False
-        self._run(self._checked({}))
+        self._run(self._checked(energy))
 
     def __repr__(self) -> str:
         best = max(self.state["cases"], key=lambda c: c["tokens_per_s"])
@@ -138,13 +157,15 @@ class StepPanel:
         v["context"] = _positive_int("context", v["context"])
         v["pes_per_channel"] = _positive_int("pes_per_channel", v["pes_per_channel"])
         v["fixed_cycles"] = _positive_int("fixed_cycles", v["fixed_cycles"], zero=True)
-        for name in ("weight_dtype", "kv_dtype"):
-            if v[name] not in DTYPES:
-                raise ValidationError(f"StepPanel.update: {name} must be one of {', '.join(DTYPES)}, got {v[name]!r}.")
         bw = v["channel_bytes_per_cycle"]
         if isinstance(bw, (bool, np.bool_)) or not isinstance(bw, numbers.Real) or not bw > 0:
             raise ValidationError(f"StepPanel.update: channel_bytes_per_cycle must be a positive number, got "
                                   f"{bw!r}.")
+        for name in ("weight_dtype", "kv_dtype"):
+            if v[name] not in DTYPES:
+                raise ValidationError(f"StepPanel.update: {name} must be one of {', '.join(DTYPES)}, got {v[name]!r}.")
+        for k in ENERGY_CONTROLS:  # each refused by name (negative, NaN, not a number); 0 is a free resource
+            v[k] = (_keys.HOST if k in HOST_ENERGY_KEYS else _keys.TOPOLOGY).check(k, v[k])
         return v
 
     def device_for(self, values: dict[str, Any] | None = None) -> Any:
@@ -156,13 +177,15 @@ class StepPanel:
                                    fixed_cycles=int(v["fixed_cycles"]))
 
     def update(self, **changes: Any) -> dict[str, Any]:
-        """Apply new control values (:data:`CONTROLS`), run every case, redraw; the controls move too.
+        """Apply new control values (:data:`CONTROLS`), run every case, redraw; the controls move too. A change
+        of energy controls alone re-prices the steps already run (nothing is simulated).
 
         Returns:
             The new :attr:`state`: the values, ``pes``, ``cases`` (one dict per case: ``label``,
-            ``variant``, ``placement``, ``schedule``, ``tokens_per_s``, ``seconds``, ``bound_kind``, ``fits``, the
-            ``physical_bound`` it is held to and ``of_bound``), ``tokens_per_s`` (label -> tokens/s) and ``bounds``
-            (bound kind -> the most tokens/s).
+            ``variant``, ``placement``, ``schedule``, ``tokens_per_s``, ``seconds``, ``bound_kind``, ``fits``,
+            ``joules``, ``tokens_per_j``, ``watts``, the ``physical_bound`` it is held to and ``of_bound``),
+            ``tokens_per_s`` and ``tokens_per_j`` (label -> each) and ``bounds`` (bound kind -> the most
+            tokens/s).
 
         Raises:
             ValidationError / ConfigError: an unknown control or a value that cannot be run. The panel
@@ -173,7 +196,8 @@ class StepPanel:
         except KbworkError as exc:
             self._fail(exc)
             raise
-        state = self._run(values)
+        timing_same = all(values[k] == self.values[k] for k in TIMING_CONTROLS) and self._simulated
+        state = self._price(values) if timing_same else self._run(values)
         self._sync_controls(changes)
         return state
 
@@ -181,8 +205,8 @@ class StepPanel:
         contexts = [values["context"]] * values["batch"]
         try:
             dev = self.device_for(values)
-            # capacity is shown (a hollow bar), not refused: every setting the controls reach draws
             dtypes = {k: values[k] for k in ("weight_dtype", "kv_dtype")}
+            # capacity is shown (a hollow bar), not refused: every setting the controls reach draws
             steps = {case_label(v, p, s): mdl.step(values["model"], contexts, variant=v, device=dev,
                                                    host=self.host, placement=p, schedule=s, check_capacity=False,
                                                    **dtypes)
@@ -190,17 +214,26 @@ class StepPanel:
         except KbworkError as exc:
             self._fail(exc)
             raise
-        self.values, self.steps, self.error = values, steps, None
+        self._simulated = steps
         self.bound = physical_bound(values["model"], contexts, host=self.host, device=dev, **dtypes)
+        return self._price(values)
+
+    def _price(self, values: dict[str, Any]) -> dict[str, Any]:
+        """Price the simulated steps under the energy controls of ``values`` (nothing is simulated) and redraw."""
+        energy = {k: values[k] for k in ENERGY_CONTROLS}
+        steps = {label: st.with_energy(**energy) for label, st in self._simulated.items()}
+        self.values, self.steps, self.error = values, steps, None
+        dev = next(iter(steps.values())).device
         rows = []
         for (v, p, s), (label, st) in zip(self.cases, steps.items()):
             kind = bound_kind_of(p, s)
             rows.append({"label": label, "variant": v if p == "ahbm" else "-", "placement": p, "schedule": s,
                          "tokens_per_s": st.tokens_per_s, "seconds": st.seconds, "bound_kind": st.bound_kind,
-                         "fits": st.fits,
+                         "fits": st.fits, "joules": st.joules, "tokens_per_j": st.tokens_per_j, "watts": st.watts,
                          "physical_bound": kind, "of_bound": st.tokens_per_s / self.bound.tokens_per_s(kind)})
         self.state = {**values, "pes": dev.pes, "cases": rows,
                       "tokens_per_s": {r["label"]: r["tokens_per_s"] for r in rows},
+                      "tokens_per_j": {r["label"]: r["tokens_per_j"] for r in rows},
                       "bounds": {k: self.bound.tokens_per_s(k) for k in self._bound_kinds()}}
         self._render()
         return self.state
@@ -222,10 +255,10 @@ class StepPanel:
 
     def summary_html(self) -> str:
         """One line per case: tokens/s, its share of its bound and what bounds the step."""
-        lines = [f"{'case':<28}{'tokens/s':>10}{'of bound':>10}  bound by"]
+        lines = [f"{'case':<28}{'tokens/s':>10}{'of bound':>10}{'tokens/J':>10}{'W':>8}  bound by"]
         for r in self.state["cases"]:
-            lines.append(f"{r['label']:<28}{r['tokens_per_s']:>10.1f}{r['of_bound']:>10.0%}  {r['bound_kind']}"
-                         + ("" if r["fits"] else "  (does not fit)"))
+            lines.append(f"{r['label']:<28}{r['tokens_per_s']:>10.1f}{r['of_bound']:>10.0%}{r['tokens_per_j']:>10.2f}"
+                         f"{r['watts']:>8.0f}  {r['bound_kind']}" + ("" if r["fits"] else "  (does not fit)"))
         return (f"<div style='font-family:monospace;line-height:1.35'>{html.escape(self.setting_text())}"
                 f"<pre style='margin:2px 0'>{html.escape(chr(10).join(lines))}</pre></div>")
 
@@ -276,7 +309,8 @@ class StepPanel:
             bar.set_edgecolor(color if not r["fits"] else ("white" if bar.get_hatch() else color))
             bar.set_linewidth(1.0 if r["fits"] else 1.6)
             text.set_x(r["tokens_per_s"] + 0.01 * hi)
-            text.set_text(f"{r['tokens_per_s']:,.1f}  ({r['of_bound']:.0%} of its bound; bound by {r['bound_kind']})"
+            text.set_text(f"{r['tokens_per_s']:,.1f}  ({r['of_bound']:.0%} of its bound; bound by {r['bound_kind']}); "
+                          f"{r['tokens_per_j']:.2f} tokens/J at {r['watts']:.0f} W"
                           + ("" if r["fits"] else "; does not fit"))
         # one legend entry per distinct bound; a bound equal to an earlier one is hidden under it
         shown, handles = [], []
@@ -338,7 +372,8 @@ class StepPanel:
         if self._quiet:
             return
         try:
-            self._run(self._checked({name: change["new"]}))
+            values = self._checked({name: change["new"]})
+            self._price(values) if name in ENERGY_CONTROLS and self._simulated else self._run(values)
         except KbworkError:
             pass  # the message is in the panel
         except Exception as exc:  # noqa: BLE001 - a bug; a widget callback has nowhere to raise to
@@ -380,6 +415,12 @@ class StepPanel:
             "kv_dtype": W.Dropdown(options=list(DTYPES), value=v["kv_dtype"], description="KV cache",
                                    style={"description_width": "70px"}),
         }
+        energy_lay = W.Layout(width="330px")
+        for k in ENERGY_CONTROLS:
+            hi = max(_ENERGY_MAX.get(k, 2 * float(v[k]) or 1.0), float(v[k]))
+            w[k] = W.FloatSlider(value=float(v[k]), min=0.0, max=hi, step=hi / 200, readout_format=".3g",
+                                 description=k, continuous_update=False, style={"description_width": "140px"},
+                                 layout=energy_lay)
         for name, ctl in w.items():
             ctl.add_class(f"kbwork-{name.replace('_', '-')}")
             ctl.observe(lambda ch, name=name: self._on_change(name, ch), names="value")
@@ -387,9 +428,12 @@ class StepPanel:
         if self.draw:
             parts["figure"] = W.Image(format="png", layout=W.Layout(max_width="100%", height="auto"))
         self._widgets = dict(w, **parts)
+        energy_box = W.HBox([W.VBox([w[k] for k in ENERGY_CONTROLS if k not in HOST_ENERGY_KEYS]),
+                             W.VBox([w[k] for k in HOST_ENERGY_KEYS])])
         self._box = W.VBox([W.HBox([W.VBox([w["channel_bytes_per_cycle"], w["pes_per_channel"], w["fixed_cycles"]]),
                                     W.VBox([w["model"], w["batch"], w["context"]]),
                                     W.VBox([w["weight_dtype"], w["kv_dtype"]])]),
+                            W.HTML("<b>energy</b> (pJ, mW, W: re-priced without simulating again)"), energy_box,
                             parts["message"], parts["summary"], *([parts["figure"]] if self.draw else [])])
         self._box.add_class("kbwork-step-panel")
         self._render()

@@ -179,7 +179,8 @@ def test_padding_is_reported_and_simulated():
 def test_compare_runs_every_variant_and_the_host_once():
     df = mdl.compare(TINY, [512] * 2, pes=4, hbm_channels=4)
     assert list(df.columns) == ["variant", "placement", "schedule", "seconds", "tokens_per_s",
-                                "attention_us_per_layer", "bound_kind", "bound", "fits"]
+                                "attention_us_per_layer", "bound_kind", "bound", "fits",
+                                "joules", "tokens_per_j", "watts"]  # DESIGN §18's energy columns
     assert list(zip(df.variant, df.placement)) == [("opt2", "ahbm"), ("opt3", "ahbm"), ("a1", "ahbm"),
                                                    ("-", "host")]
     assert (df.tokens_per_s == 2 / df.seconds).all()

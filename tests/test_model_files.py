@@ -33,7 +33,9 @@ def test_the_h200_host_is_the_design_s():
     h = load_host()
     assert h.to_dict() == dict(name="h200", peak_tflops_bf16=989.0, peak_tflops_fp8=1979.0, hbm_tb_s=4.8, eta_flops=0.8, eta_bw=0.86,
                                launch_us=0.53, handoff_us=2.0, gpu_hbm_gib=139.0,
-                               attention_bandwidth="h200_decode_attention_bandwidth.csv")
+                               attention_bandwidth="h200_decode_attention_bandwidth.csv",
+                               # DESIGN §18's energy keys
+                               gpu_hbm_pj_per_bit=3.59, flop_pj=0.16, idle_w=80.0, busy_w=350.0, link_pj_per_bit=0.3)
     assert load_host("h200") == h and load_host(h) is h
     assert (h.peak_flops, h.hbm_bytes_per_s, h.launch_s, h.handoff_s) == (989e12, 4.8e12, 0.53e-6, 2e-6)
     assert "handoff 2 us" in repr(h)

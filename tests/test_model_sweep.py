@@ -24,7 +24,8 @@ def serial():
 def test_a_sweep_row_is_the_step_at_that_point(serial):
     assert list(serial.columns[:4]) == ["model", "batch", "context", "handoff_us"]
     assert list(serial.columns[4:]) == ["variant", "placement", "schedule", "seconds", "tokens_per_s",
-                                        "attention_us_per_layer", "bound_kind", "bound", "fits"]
+                                        "attention_us_per_layer", "bound_kind", "bound", "fits",
+                                        "joules", "tokens_per_j", "watts"]  # DESIGN §18's energy columns
     per_point = [("opt2", "ahbm", "serial"), ("opt2", "ahbm", "ping_pong"), ("a1", "ahbm", "serial"),
                  ("a1", "ahbm", "ping_pong"), ("-", "host", "serial")]
     assert len(serial) == 8 * len(per_point)

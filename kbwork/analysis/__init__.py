@@ -15,6 +15,8 @@ thing computed, each name re-exported here (``kbwork.analysis.what_if``):
 * :mod:`~kbwork.analysis.speedup`: :func:`what_if`, one engine faster, re-simulated;
 * :mod:`~kbwork.analysis.explanation`: :func:`explain` (:class:`Explanation`: the numbers and one sentence
   saying what bounds a run) and the same over several runs;
+* :mod:`~kbwork.analysis.energy`: :func:`energy`, a run's joules from its op_log's counts (DESIGN §18), and
+  :func:`energy_by_kind`;
 * :mod:`~kbwork.analysis.sweeps`: over a sweep's points, :func:`winners` and :func:`attribution_gap`;
 * :mod:`~kbwork.analysis.channels`, :mod:`~kbwork.analysis.per_pe`: a device run's HBM channels, and its
   op_log read per PE or pooled.
@@ -34,6 +36,7 @@ from .channels import (CONTENDED, channel_steps, channels, channels_over_time, c
 from .critical import PATH_COLUMNS, attribution, path_cycles  # noqa: F401
 from .dispatch import (GATE_FACTOR, closed_form, closed_form_per_tile, closed_form_per_tile_from_program,  # noqa: F401
                        command_bytes_per_tile, dispatch_per_tile, dispatch_per_tile_from_run, gate, ratio_grid)
+from .energy import ENERGY_KEYS, KINDS as ENERGY_KINDS, energy, energy_by_kind, total_pj  # noqa: F401
 from .explanation import (SATURATED, Explanation, attribution_table, attribution_wide, explain,  # noqa: F401
                           explain_all, utilization_wide)
 from .speedup import SPEEDUP_RANGE, check_what_if, what_if  # noqa: F401

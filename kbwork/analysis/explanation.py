@@ -14,6 +14,7 @@ from ..sim import DeviceRun
 from .busy import utilization
 from .channels import CONTENDED, contention_words, path_contention
 from .critical import attribution
+from .energy import energy_by_kind, joules_text
 from .inputs import _resolve_run_only, _run_of
 from .stalls import top_waits
 
@@ -38,15 +39,20 @@ class Explanation:
         sentence: one sentence saying what bounds the run.
         pe, pes: the PE the critical path runs on, and how many PEs ran (1 but for a device run, whose
             utilisation, holds and waits here are that PE's).
+        energy: the run's energy by kind, pJ (:func:`~kbwork.analysis.energy_by_kind`: every PE of the
+            device, idle included); ``energy_pj`` its sum, ``energy_largest`` the largest kind.
     """
 
     def __init__(self, name: str, cycles: int, us: float, hazard_policy: str, utilization: pd.DataFrame,
                  attribution: pd.DataFrame, top_waits: pd.DataFrame, holds: int, bound: dict[str, Any],
-                 sentence: str, pe: int = 0, pes: int = 1):
+                 sentence: str, pe: int = 0, pes: int = 1, energy: pd.Series | None = None):
         self.name, self.cycles, self.us, self.hazard_policy = name, cycles, us, hazard_policy
         self.utilization, self.attribution, self.top_waits = utilization, attribution, top_waits
         self.holds, self.bound, self.sentence = holds, bound, sentence
         self.pe, self.pes = pe, pes
+        self.energy = energy
+        self.energy_pj = None if energy is None else float(energy.sum())
+        self.energy_largest = None if energy is None or not self.energy_pj else str(energy.idxmax())
 
     def __repr__(self) -> str:
         return f"Explanation({self.name}: {self.cycles} cycles; {self.sentence})"
@@ -76,6 +82,9 @@ class Explanation:
                           int(v) if isinstance(v, (numbers.Integral,)) and not isinstance(v, bool) else v)
                       for k, v in self.bound.items()},
             "sentence": self.sentence,
+            **({} if self.energy is None else
+               {"energy": {"pj": self.energy_pj, "largest": self.energy_largest,
+                           "by_kind_pj": {k: float(v) for k, v in self.energy.items()}}}),
         }
 
     @property
@@ -117,7 +126,21 @@ class Explanation:
                 lines.append(f"    {r.stage:9} on {r.engine:12} waiting for {r.cause:12}{r.cycles:>10} "
                              f"({r.stages} stages)")
         lines.append(f"  bound: {self.sentence}")
+        if self.energy is not None:
+            lines.append(f"  energy: {self.energy_words}")
         return "\n".join(lines)
+
+    @property
+    def energy_words(self) -> str:
+        """The run's energy and its largest kind in words (``"12.3 µJ; largest: hbm 83%"``), ``""`` without
+        energy."""
+        if self.energy is None:
+            return ""
+        if not self.energy_pj:
+            return "0 pJ (every energy key is 0)"
+        share = float(self.energy[self.energy_largest]) / self.energy_pj
+        return (f"{joules_text(self.energy_pj)} (every PE of the device, idle included); largest: "
+                f"{self.energy_largest} {100 * share:.0f}%")
 
 
 def _pct(part: float, whole: float) -> str:
@@ -210,7 +233,7 @@ def explain(run_or_decode_run: Any, name: str | None = None, *, top: int = 5,
     if bound["contended_channels"]:
         sentence = f"{sentence[:-1]}; {contention_words(lost)}."
     return Explanation(name, cycles, run.topology.cycles_to_us(cycles), run.topology.hazard_policy, util, att,
-                       top_waits(on, top), n_holds, bound, sentence, on.pes[0], len(run.pes))
+                       top_waits(on, top), n_holds, bound, sentence, on.pes[0], len(run.pes), energy_by_kind(run))
 
 
 #: What each link cause means, as the sentence of :func:`explain` words it.

@@ -22,6 +22,14 @@ most 1 and its bytes include the weights, a layer's attention is no shorter than
 bytes over the channel's bandwidth (padded keys only add), and ping-pong's host reads the weights once per
 half. Tokens per second are bounded by ``batch`` over the bound.
 
+The least energy (DESIGN §18) prices the same bytes and FLOPs and nothing else (no idle or busy power, no
+TCM, no PE compute): every weight byte and the GEMM FLOPs on the host (``8 · gpu_hbm_pj_per_bit`` per byte,
+``flop_pj`` per FLOP); the KV bytes on the host (``placement="host"``) or at the device's
+``hbm_pj_per_bit`` (``"ahbm"``, either schedule), where q and O also cross the link once per layer
+(``2 · batch · heads · head_dim · 2`` bytes at ``8 · link_pj_per_bit``). It is a lower bound on
+``Step.joules``: the step reads at least these bytes (padding, a second half's weights and activations only
+add) and every other row is non-negative. Tokens per joule are bounded by ``batch`` over it.
+
 >>> from kbwork import model
 >>> b = model.physical_bound("llama-3-8b", [32768] * 16)
 >>> b.tokens_per_s("host"), b.tokens_per_s("ahbm_serial"), b.tokens_per_s("ahbm")
@@ -39,7 +47,7 @@ import pandas as pd
 
 from ..errors import ValidationError
 from .device import DEVICE_KEYS, DEVICE_V1, load_device
-from .files import HOST_KEYS, load_host, load_model, with_dtypes
+from .files import BYTES_PER_ELEMENT, HOST_KEYS, load_host, load_model, with_dtypes
 from .host import LAYER_GEMMS, LM_HEAD, layer_shapes, weight_bytes
 
 #: What a bound is of: the GPU alone, the AHBM device under the serial schedule, the AHBM device under any
@@ -59,6 +67,10 @@ class PhysicalBound:
         host_bytes_per_s, host_flops_per_s: the host's peak HBM bandwidth and FLOP/s (bf16, or FP8 with fp8
             weights).
         device_bytes_per_s: ``hbm_channels · channel_bytes_per_cycle · clock`` (``inf`` when unconstrained).
+        handoff_bytes: q to the device and O back over every layer (``2 · layers · batch · heads · head_dim ·
+            2``), what ``placement="ahbm"`` hands off.
+        gpu_hbm_pj_per_bit, flop_pj, link_pj_per_bit: the host's energy keys; ``device_hbm_pj_per_bit`` the
+            device's ``hbm_pj_per_bit``.
     """
 
     model: str
@@ -69,6 +81,11 @@ class PhysicalBound:
     host_bytes_per_s: float
     host_flops_per_s: float
     device_bytes_per_s: float
+    handoff_bytes: int = 0
+    gpu_hbm_pj_per_bit: float = 0.0
+    flop_pj: float = 0.0
+    link_pj_per_bit: float = 0.0
+    device_hbm_pj_per_bit: float = 0.0
 
     @property
     def host_s(self) -> float:
@@ -100,12 +117,33 @@ class PhysicalBound:
         """The most tokens per second of ``kind``: ``batch / seconds(kind)``."""
         return self.batch / self.seconds(kind)
 
+    def joules(self, kind: str) -> float:
+        """The least energy of a step of ``kind`` (one of :data:`BOUND_KINDS`), J: every byte at its pJ/bit and
+        every GEMM FLOP at its pJ (module docstring).
+
+        Raises:
+            ValidationError: an unknown kind.
+        """
+        self.seconds(kind)  # names an unknown kind
+        host = (self.weight_bytes * 8 * self.gpu_hbm_pj_per_bit + self.gemm_flops * self.flop_pj) * 1e-12
+        if kind == "host":
+            return host + self.kv_bytes * 8 * self.gpu_hbm_pj_per_bit * 1e-12
+        return host + (self.kv_bytes * self.device_hbm_pj_per_bit + self.handoff_bytes * self.link_pj_per_bit) \
+            * 8 * 1e-12
+
+    def tokens_per_j(self, kind: str) -> float:
+        """The most tokens per joule of ``kind``: ``batch / joules(kind)`` (``inf`` when it is 0)."""
+        j = self.joules(kind)
+        return self.batch / j if j > 0 else math.inf
+
     def to_dict(self) -> dict[str, Any]:
-        """The inputs, and the least seconds and most tokens/s of every kind."""
+        """The inputs, and the least seconds, most tokens/s, least joules and most tokens/J of every kind."""
         out: dict[str, Any] = {k: getattr(self, k) for k in self.__dataclass_fields__}
         for kind in BOUND_KINDS:
             out[f"{kind}_s"] = self.seconds(kind)
             out[f"{kind}_tokens_per_s"] = self.tokens_per_s(kind)
+            out[f"{kind}_joules"] = self.joules(kind)
+            out[f"{kind}_tokens_per_j"] = self.tokens_per_j(kind)
         return out
 
     def __repr__(self) -> str:
@@ -138,7 +176,9 @@ def physical_bound(model: Any, contexts: Sequence[int], *, host: Any = "h200", d
                      + shapes[LM_HEAD][0] * shapes[LM_HEAD][1])
     return PhysicalBound(m.name, b, m.layers * per_layer + lm, m.layers * sum(m.kv_bytes(c) for c in ctx),
                          float(flops), h.hbm_bytes_per_s, h.peak_flops_of(m.weight_dtype),
-                         d.hbm_channels * d.channel_bytes_per_cycle * d.clock_hz)
+                         d.hbm_channels * d.channel_bytes_per_cycle * d.clock_hz,
+                         2 * m.layers * b * m.heads * m.head_dim * BYTES_PER_ELEMENT, h.gpu_hbm_pj_per_bit,
+                         h.flop_pj, h.link_pj_per_bit, d.topology.hbm_pj_per_bit)
 
 
 def _contexts(contexts: Any) -> tuple[int, ...]:

@@ -246,12 +246,14 @@ def format_steps(steps: list[Any]) -> str:
         lines.append(f"device: {first.device!r}")
     lines += ["",
               f"{'placement':10}{'variant':9}{'schedule':11}{'ms/step':>10}{'tokens/s':>11}{'attention us/layer':>20}"
-              f"{'fits':>6}"]
+              f"{'J/step':>9}{'tokens/J':>10}{'W':>8}{'fits':>6}"]
     for s in steps:
         variant = s.variant if s.placement == "ahbm" else "-"
         attn = (s.attention_cycles / s.device.clock_hz if s.placement == "ahbm" else s.host_attention.seconds) * 1e6
         lines.append(f"{s.placement:10}{variant:9}{s.schedule:11}{figure(s.seconds * 1e3, 3):>10}"
-                     f"{figure(s.tokens_per_s):>11}{figure(attn, 2):>20}{str(s.fits).lower():>6}")
+                     f"{figure(s.tokens_per_s):>11}{figure(attn, 2):>20}"
+                     f"{figure(s.joules, 3):>9}{figure(s.tokens_per_j, 2):>10}{figure(s.watts):>8}"
+                     f"{str(s.fits).lower():>6}")
     lines.append("")
     if len(steps) > 1:
         best = max(steps, key=lambda s: s.tokens_per_s)
@@ -260,6 +262,12 @@ def format_steps(steps: list[Any]) -> str:
     for s in steps:
         label = f"{s.placement} {s.variant} {s.schedule}" if s.placement == "ahbm" else "host alone"
         lines.append(f"bound, {label}: {s.bound}")
+    for s in steps:
+        label = f"{s.placement} {s.variant} {s.schedule}" if s.placement == "ahbm" else "host alone"
+        by = s.energy.groupby(["resource", "kind"])["joules"].sum()
+        (where, kind), top = by.idxmax(), by.max()
+        lines.append(f"energy, {label}: {figure(s.joules, 3)} J a step, {figure(s.joules / s.batch * 1e3, 2)} mJ "
+                     f"a token, {figure(s.watts)} W; largest: {where} {kind} {100 * top / s.joules:.0f}%")
     for s in steps:
         if s.attention_cycles_per_half:
             us = {k: c / s.device.clock_hz * 1e6 for k, c in s.attention_cycles_per_half.items()}

@@ -22,6 +22,7 @@ from .capacity import check_capacity as _check_capacity
 from .capacity import memory_frame, overfull
 from .checks import _check_choice, _check_tile, _check_variant, check_contexts, check_device_tasks, \
     refuse_misnamed
+from .energy import split_keys, step_energy
 from .device import DEVICE_V1, Device, attention_run, channel_bound_cycles, load_device, per_pe_cycles
 from .files import Host, Model, load_host, load_model, with_dtypes
 from .host import HOST_BANDWIDTH, HOST_FLOPS, LAYER_GEMMS, LM_HEAD, Gemm, HostAttention, host_attention, \
@@ -129,6 +130,10 @@ class Step:
         notes: what the step did that was not asked for in so many words.
         weight_dtype, kv_dtype: the step's weights (``"fp8"``: W8A8) and KV cache dtypes, ``"bf16"`` or
             ``"fp8"`` (DESIGN.md §17); ``model`` carries them too.
+        energy: the step's energy (DESIGN.md §18), one row per (part, resource, kind): ``part, resource, kind,
+            joules`` (:func:`kbwork.model.energy.step_energy`); ``joules`` their sum, ``tokens_per_j`` =
+            batch / joules, ``watts`` = joules / seconds. Computed on first use; :meth:`with_energy` prices the
+            same step under other energy keys without simulating it again.
     """
 
     def __init__(self, *, model: Model, host: Host, device: Device, contexts: tuple[int, ...], variant: str,
@@ -158,6 +163,54 @@ class Step:
         self.bound_kind = max(BOUND_KINDS, key=lambda k: (self.shares[k], -BOUND_KINDS.index(k)))
         self._bound: str | None = None
         self.weight_dtype, self.kv_dtype = model.weight_dtype, model.kv_dtype
+        self._energy: pd.DataFrame | None = None
+        self._energy_keys: dict[str, Any] = {}  # the device's energy keys priced instead of its topology's
+
+    # --- energy (DESIGN.md §18; kbwork.model.energy) --------------------------------------------
+    @property
+    def energy(self) -> pd.DataFrame:
+        """The step's energy rows ``part, resource, kind, joules`` (a copy; see the class docstring)."""
+        if self._energy is None:
+            self._energy = step_energy(self, **self._energy_keys)
+        return self._energy.copy()
+
+    @property
+    def joules(self) -> float:
+        """The step's energy, J: the sum of :attr:`energy`'s rows."""
+        if self._energy is None:
+            self._energy = step_energy(self, **self._energy_keys)
+        return float(self._energy["joules"].sum())
+
+    @property
+    def tokens_per_j(self) -> float:
+        """Tokens per joule: ``batch / joules`` (``inf`` when every energy key is 0)."""
+        j = self.joules
+        return self.batch / j if j > 0 else math.inf
+
+    @property
+    def watts(self) -> float:
+        """The mean power drawn over the step, W: ``joules / seconds``."""
+        return self.joules / self.seconds
+
+    def with_energy(self, **keys: Any) -> "Step":
+        """This step priced under other energy keys (``hbm_pj_per_bit=0.55``, ``busy_w=300``): the device's
+        energy keys and the host's (:data:`kbwork.model.energy.STEP_ENERGY_KEYS`). Nothing is simulated again:
+        the timing, the runs and their counts are this step's; ``host`` is the host with its keys replaced.
+
+        Raises:
+            ConfigError: a key that is not an energy key (other keys change the timing: run ``model.step``
+                again), or a value it refuses, naming the key.
+        """
+        import copy
+
+        device, host = split_keys(keys, "Step.with_energy")
+        new = copy.copy(self)
+        if host:
+            new.host = self.host.replace(**host)
+        new._energy_keys = {**self._energy_keys, **device}
+        new._energy = None
+        new._energy = step_energy(new, **new._energy_keys)  # validates the device keys now, not on first use
+        return new
 
     # --- the accounting -----------------------------------------------------------------------
     def _breakdown(self) -> pd.DataFrame:
@@ -246,6 +299,8 @@ class Step:
             "shares": dict(self.shares),  # seconds, as Step.shares and "seconds" (docs/model.md)
             "attention_cycles": self.attention_cycles, "attention_cycles_per_half": self.attention_cycles_per_half,
             "serial_seconds": self.serial_seconds, "padding": self.padding.total,
+            "joules": self.joules, "tokens_per_j": self.tokens_per_j, "watts": self.watts,
+            "energy": [{k: clean(v) for k, v in r.items()} for r in self.energy.to_dict(orient="records")],
             "fits": self.fits,
             "memory": [{k: clean(v) for k, v in r.items()} for r in self.memory.to_dict(orient="records")],
             "host": self.host.to_dict(),
@@ -413,7 +468,7 @@ def _costs(half: _Half, resource: str, handoff: float) -> HalfCosts:
 
 # --- variants x placements ---------------------------------------------------------------------
 COMPARE_COLUMNS = ["variant", "placement", "schedule", "seconds", "tokens_per_s", "attention_us_per_layer",
-                   "bound_kind", "bound", "fits"]
+                   "bound_kind", "bound", "fits", "joules", "tokens_per_j", "watts"]
 
 
 def cases(variants: Sequence[str], placements: Sequence[str], where: str) -> list[tuple[str, str]]:
@@ -442,7 +497,8 @@ def compare_row(s: Step) -> dict[str, Any]:
     attn = (s.attention_cycles / s.device.clock_hz if s.placement == AHBM else s.host_attention.seconds) * 1e6
     return {"variant": s.variant if s.placement == AHBM else NO_VARIANT, "placement": s.placement,
             "schedule": s.schedule, "seconds": s.seconds, "tokens_per_s": s.tokens_per_s,
-            "attention_us_per_layer": attn, "bound_kind": s.bound_kind, "bound": s.bound, "fits": s.fits}
+            "attention_us_per_layer": attn, "bound_kind": s.bound_kind, "bound": s.bound, "fits": s.fits,
+            "joules": s.joules, "tokens_per_j": s.tokens_per_j, "watts": s.watts}
 
 
 def compare(model: str | Model, contexts: Sequence[int], *, variants: Sequence[str] = DEFAULT_VARIANTS,
@@ -454,7 +510,8 @@ def compare(model: str | Model, contexts: Sequence[int], *, variants: Sequence[s
     Columns: ``variant`` (``"-"`` for the host placement, where no PE variant runs), ``placement``,
     ``schedule``, ``seconds``, ``tokens_per_s``, ``attention_us_per_layer``, ``bound_kind``, ``bound``,
     ``fits`` (whether the case's weights and KV cache fit where they are placed: a case that does not is
-    timed all the same, never refused). ``weight_dtype`` and ``kv_dtype`` are :func:`step`'s, for every case.
+    timed all the same, never refused), ``joules`` (the step's energy, J), ``tokens_per_j`` and ``watts``
+    (DESIGN.md §18). ``weight_dtype`` and ``kv_dtype`` are :func:`step`'s, for every case.
 
     Raises:
         The errors of :func:`step`, and a ValidationError for an empty, repeated or unknown variant or

@@ -234,7 +234,7 @@ def _sweep_point(task: tuple) -> list[dict]:
 
 
 #: The version of a model sweep's rows; a file of another schema is not resumed.
-SWEEP_SCHEMA = 2  # 2: the fits column
+SWEEP_SCHEMA = 3  # 2: the fits column; 3: joules, tokens_per_j, watts (DESIGN §18)
 
 
 def _sweep_front(names: list[str], values: list[list], todo_cases: list[tuple[str, str, str]], base_host: Any,
@@ -267,12 +267,15 @@ def _read_row(fields: dict[str, str], point: dict, bad: Any) -> dict[str, Any]:
     :func:`~kbwork.model.steps.compare_row` needs its reader here."""
     row: dict[str, Any] = {}
     for column in METRICS[3:]:
-        if column in ("seconds", "tokens_per_s", "attention_us_per_layer"):
-            positive = column != "attention_us_per_layer"
+        if column in ("seconds", "tokens_per_s", "attention_us_per_layer", "joules", "tokens_per_j", "watts"):
+            positive = column in ("seconds", "tokens_per_s")
             try:
                 v = float(fields[column])
             except ValueError:
                 raise bad(column, "a number") from None
+            if column == "tokens_per_j" and v == math.inf and float(fields["joules"]) == 0:
+                row[column] = v  # every energy key 0: a free step
+                continue
             if not math.isfinite(v) or v < 0 or (positive and v == 0):
                 raise bad(column, "a finite number > 0" if positive else "a finite number >= 0")
             row[column] = v

@@ -27,7 +27,8 @@ by side), :mod:`~kbwork.plots.dispatch` (per-tile dispatch bars, the gate map),
 :mod:`~kbwork.plots.breakdown` (critical-path attribution, what-if bars),
 :mod:`~kbwork.plots.sweeps` (scaling, ratio heat maps, winner maps, grouped
 cycles), :mod:`~kbwork.plots.device` (a device run's PEs and channels) and
-:mod:`~kbwork.plots.model` (a model's decode step); what they share is in
+:mod:`~kbwork.plots.model` (a model's decode step), :mod:`~kbwork.plots.energy` (a step's
+energy: tokens/s against tokens/J, where the joules go); what they share is in
 :mod:`~kbwork.plots.style` (the palette, words, axes) and
 :mod:`~kbwork.plots.checks` (argument checks).
 """
@@ -48,3 +49,4 @@ from .sweeps import cycles_bars, ratio_heatmaps, ratio_norm, scaling, winner_map
 # device.py and model.py draw with the helpers above, which they import from this package
 from .device import device_gantt  # noqa: E402,F401
 from .model import contention, ping_pong_gain, tokens_per_s, tokens_per_s_grid, variant_ratio  # noqa: E402,F401
+from .energy import energy_bars, tokens_per_j  # noqa: E402,F401
