@@ -20,14 +20,14 @@ from .errors import KbworkError, SimulationError, ValidationError
 from .memory import DTYPE_MAX, DTYPES, Handle, LoopHandle, Memory, Space, canonical_dtype, check_shape
 from .oplog import build_op_log, concat_op_logs, to_csv, to_perfetto
 from .device import CAUSES, Bindings, Timeline
-from .device.device import Follow, Reductions, simulate_device
+from .device.device import Reductions, simulate_device
 from .device.loop import LaunchMemory
 from .device.replay import FlowMismatch, counters_from, loads_from
 from .device.steady import SteadyState, check_steady_state, simulate_pe
 from .pe.scheduler import Program
 from .pe.stages import unit_names
 from .pe.tiling import StagingRing
-from .triton_emu.follow import Follower, Pairing, Recording, Tensors
+from .triton_emu.binding import Traced, params, signature, unwrap
 from .triton_emu.tl_context import TLContext
 
 MODES = ("data", "timing")
@@ -88,6 +88,9 @@ class Simulator:
         self._hbm: dict[str, Handle] = {}
         #: per finished run, the HBM byte ranges it wrote (so an earlier run's reads can tell what moved)
         self._hbm_writes: list[tuple[tuple[int, int], ...]] = []
+        #: a device run traces a kernel once per abstract signature (DESIGN.md §19); False traces every launch by
+        #: itself, the plain reference the cache reproduces (for tests)
+        self._trace_cache = True
 
     def __repr__(self) -> str:
         return f"Simulator({self.topo.name}, mode={self.mode!r}, {len(self._hbm)} HBM tensors)"
@@ -186,7 +189,8 @@ class Simulator:
         Every PE starts at cycle 0; a launch's first DISPATCH is ready when the launch before it on that PE has
         ended, and it sees a fresh TCM, staging ring, queue and hazard state. PEs share the HBM channels' bandwidth,
         never data: before anything is simulated, a run is refused if a PE writes bytes another PE reads or
-        writes. Each kernel is called exactly once per launch.
+        writes. A kernel is called once per abstract signature of its launches (DESIGN.md §19: the kernel, its tensor
+        arguments' shapes and dtypes, its scalars' values), and that trace is bound to each launch's tensors.
 
         Args:
             launches: PE -> its :class:`Launch` es, a list (PEs ``0 .. pes - 1`` of the topology; PEs not named run
@@ -222,16 +226,20 @@ class Simulator:
         tcm = self.memory.new_tcm(label)
         return tcm, tcm.alloc("<staging buffers>", (StagingRing.bytes_for(self.topo) // 4,), "fp32")
 
-    def _trace(self, kernel, args, kwargs, label: str | None = None, *, record: Recording | None = None,
-               follow: Follower | None = None) -> tuple[TLContext, Any, Handle]:
-        """Call the kernel once on a fresh TCM: its context (trace, names), the TCM and the staging buffers.
-        ``record``: the context records its calls there; ``follow``: it follows a recorded launch.
+    def _trace(self, launch: "Launch", leaves: list, label: str | None, number: int) -> tuple[Traced, Any, Handle]:
+        """Call the launch's kernel once on a fresh TCM, its tensor arguments (``leaves``, from
+        :func:`~kbwork.triton_emu.binding.signature`) as parameters: the trace of its signature (numbered
+        ``number``), the TCM and the staging buffers.
 
         Raises:
             ValidationError: the kernel cannot be called with these arguments (its signature refuses them).
+            TraceError: the kernel read a tensor argument's address, channel or contents.
         """
+        kernel = launch.kernel
         tcm, staging = self._new_launch(label)
-        tl = TLContext(self.topo, self.memory, record=record, follow=follow)
+        tl = TLContext(self.topo, self.memory)
+        derived: dict[int, tuple] = {}
+        args, kwargs = params(kernel, launch.args, launch.kwargs, leaves, derived)
         try:
             kernel(tl, *args, **kwargs)
         except TypeError:
@@ -244,7 +252,8 @@ class Simulator:
             raise ValidationError(f"{label + ': ' if label else ''}kernel {name!r} cannot be called as "
                                   f"{name}({given}): {why}. Its signature is {name}{signature}; a kernel is "
                                   f"def k(tl, *handles, **scalars) (DESIGN.md §2).") from None
-        return tl, tcm, staging
+        traced = Traced(number, tl.trace(), tuple(h for _, h in leaves), tl.names, derived, tl.named_after)
+        return traced, tcm, staging
 
     def _run(self, kernel, args, kwargs, steady_state: bool = True) -> "Run":
         return self._run_device({0: [Launch(kernel, *args, **kwargs)]}, steady_state)
@@ -253,14 +262,12 @@ class Simulator:
         with gc_paused():
             t0 = perf_counter()
             data = self.mode == "data"
-            # a launch follows an earlier one of its kind only where the run may replicate it (DESIGN.md §14)
-            follow = reductions and not data and len(plan) > 1
-            programs, memories, names, tcms, follows = self._programs(plan, follow)
+            programs, memories, names, tcms = self._programs(plan)
             t1 = perf_counter()
             results, red = simulate_device(programs, self.topo, list(self._hbm.values()),
                                            memories if data else None, steady_state=steady_state and not data,
                                            why_full="data mode computes every number" if data else
-                                           "steady_state=False", reduce=reductions, follows=follows)
+                                           "steady_state=False", reduce=reductions)
             t2 = perf_counter()
             writes: tuple = ()
             snapshot: tuple = ()
@@ -286,63 +293,50 @@ class Simulator:
             run.timings = {"emit": t1 - t0, "simulate": t2 - t1}
             return run
 
-    def _programs(self, plan: dict[int, list["Launch"]], follow: bool = False) -> tuple[dict, dict, dict, list, dict]:
-        """Trace every launch of ``plan`` (each kernel called once, on a fresh TCM): PE -> its programs, PE -> each
-        launch's memory, the names the kernels gave, the TCMs, and the PEs that followed an earlier one.
+    def _programs(self, plan: dict[int, list["Launch"]]) -> tuple[dict, dict, dict, list]:
+        """Trace ``plan``'s launches, a kernel once per abstract signature (DESIGN.md §19), and bind each launch to
+        its signature's trace: PE -> its programs, PE -> each launch's memory, the names the kernels gave, the
+        TCMs (each launch has its own).
 
-        With ``follow``, the first PE whose launches have a given kind (:func:`_launches_kind`: kernels and the
-        shapes of their arguments) records its calls, and every later PE of that kind follows them
-        (``triton_emu.follow``). A PE that followed to the end of its last launch is returned as a
-        :class:`~kbwork.device.device.Follow` of the recorded PE, with the tensors and channels it pairs."""
+        The cache lives with this call (a new run traces again); ``self._trace_cache = False`` traces every launch
+        by itself (the reference the cache must reproduce)."""
         data = self.mode == "data"
         programs: dict[int, list[Program]] = {}
         memories: dict[int, list[Any]] = {}
         names: dict[str, list[Handle]] = {}
         tcms: list[Any] = []
         several = len(plan) > 1 or any(len(v) > 1 for v in plan.values())
-        kinds: dict[Any, int] = {}  # a kind of launch list -> the PE that recorded it
-        recordings: dict[int, list[Recording]] = {}
-        follows: dict[int, Follow] = {}
-        tensors = Tensors(list(self._hbm.values())) if follow else None
+        traces: dict[Any, Traced] = {}
+        cache = self._trace_cache
         for pe, lst in plan.items():
             programs[pe], memories[pe] = [], []
-            kind = _launches_kind(lst) if follow else None
-            ref = kinds.get(kind) if kind is not None else None
-            if kind is not None and ref is None:
-                kinds[kind] = pe
-                recordings[pe] = [Recording() for _ in lst]
-            pairing = Pairing(tensors) if ref is not None else None
-            followed = ref is not None
             for i, launch in enumerate(lst):
                 label = f"PE {pe}, launch {i}" if several else None
-                record = recordings[pe][i] if ref is None and pe in recordings else None
-                follower = Follower(recordings[ref][i], pairing) if ref is not None else None
-                try:
-                    tl, tcm, staging = self._trace(launch.kernel, launch.args, launch.kwargs, label, record=record,
-                                                   follow=follower)
-                except Exception as e:
-                    if follower is not None:
-                        follower.release()
-                    if label is not None:
-                        _name_the_launch(e, label)
-                    raise
-                if record is not None:
-                    record.finish(tl)
-                if follower is not None:
-                    followed = follower.finish() and followed
-                trace = tl.trace()
-                if not trace.n_commands:
-                    kname = getattr(launch.kernel, "__name__", launch.kernel)
-                    raise SimulationError(f"kernel {kname!r} emitted no commands"
-                                          + (f" (PE {pe}, launch {i})." if several else "."))
+                key, leaves = signature(launch.kernel, launch.args, launch.kwargs)
+                if not cache:
+                    key = (pe, i)
+                traced = traces.get(key)
+                if traced is None:
+                    try:
+                        traced, tcm, staging = self._trace(launch, leaves, label, len(traces))
+                    except Exception as e:
+                        if label is not None:
+                            _name_the_launch(e, label)
+                        raise
+                    if not traced.trace.n_commands:
+                        kname = getattr(launch.kernel, "__name__", launch.kernel)
+                        raise SimulationError(f"kernel {kname!r} emitted no commands"
+                                              + (f" (PE {pe}, launch {i})." if several else "."))
+                    traces[key] = traced
+                else:  # the launch's own TCM (its numbers, in data mode), laid out as the traced one's
+                    tcm, staging = self._new_launch(label)
+                trace, given = traced.bind([h for _, h in leaves])
                 programs[pe].append(Program(trace, self.topo, with_effects=data, staging_base=staging.addr))
                 memories[pe].append(LaunchMemory(self.memory.hbm, tcm))
                 tcms.append(tcm)
-                for n, hs in tl.names.items():
+                for n, hs in given.items():
                     names.setdefault(n, []).extend(hs)
-            if followed:
-                follows[pe] = Follow(ref, dict(pairing.tensors), dict(pairing.channels))
-        return programs, memories, names, tcms, follows
+        return programs, memories, names, tcms
 
     def _read_hbm(self, h: Handle, run: "Run") -> np.ndarray:
         """``h``'s bytes as ``run`` left them: what it wrote from its snapshot, the rest from HBM if no later run moved it."""
@@ -365,34 +359,6 @@ class Simulator:
                         f"in HBM after run {run._index + 1}, which did not write it. Read results before running "
                         f"again, or give each run its own Simulator.")
         return raw.view(DTYPES[h.dtype]).reshape(h.shape)
-
-
-def _launches_kind(launches: Sequence["Launch"]) -> Any:
-    """What a PE's launches are, for finding a PE they may follow (``triton_emu.follow``): each launch's kernel
-    and the kinds of its arguments (a handle's space, shape and dtype; a scalar's value; a list's items). A
-    guess only: following checks every call. None when it cannot be told (an argument that is not hashable)."""
-    try:
-        kind = tuple((launch.kernel, _kind_of(launch.args), _kind_of(launch.kwargs)) for launch in launches)
-        hash(kind)
-    except TypeError:
-        return None
-    return kind
-
-
-_SCALARS = frozenset({str, int, float, bool, type(None)})
-
-
-def _kind_of(x: Any, depth: int = 0) -> Any:
-    xc = x.__class__
-    if xc is Handle or xc is LoopHandle or isinstance(x, Handle):
-        return (xc, x.span[0], x.shape, x.dtype)  # (span[0]: in TCM; an enum hashes in Python)
-    if xc in _SCALARS or isinstance(x, (str, int, float, bool)):
-        return (xc, x)
-    if depth < 3 and (xc is tuple or xc is list):
-        return (xc, tuple([_kind_of(y, depth + 1) for y in x]))
-    if depth < 3 and xc is dict:
-        return (dict, tuple([(k, _kind_of(v, depth + 1)) for k, v in x.items()]))
-    return xc
 
 
 def _name_the_launch(e: BaseException, label: str) -> None:
@@ -712,7 +678,8 @@ class Run:
         if self.mode != "data":
             raise SimulationError("this run was simulated in timing mode, which computes no numbers; "
                                   "use Simulator(mode='data').")
-        h = self._lookup(handle_or_name) if isinstance(handle_or_name, str) else handle_or_name
+        # (a tensor argument the kernel kept is a parameter of its trace: the tensor of the launch traced)
+        h = self._lookup(handle_or_name) if isinstance(handle_or_name, str) else unwrap(handle_or_name)
         if isinstance(h, LoopHandle) and (h.origin is None or h.origin.alive):
             # kept from a tl.range body: as a Python loop leaves it, the last iteration's (a buffer of a scratch
             # scope that has closed is refused below, as any)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -31,13 +31,10 @@ from ..errors import TraceError, ValidationError
 from ..memory import DTYPE_MAX, DTYPES, Arena, CommandName, Handle, LoopHandle, Memory, Ring, Space
 from ..pe.commands import Command, Completion, CompositeCmd, DmaCmd, OpSpec, Scope
 from ..pe.ops import OPS
-from ..pe.program import LazyTrace, Loop, Plain, Trace, loop_period
+from ..pe.program import Loop, Plain, Trace, loop_period
 from ..symbolic import FIX, Index, LoopVar
-from .follow import At, lowered_segments, snapshot
+from .binding import unwrap, unwrap_entries
 from .tl_recipes import RECIPE_DESCRIPTORS, RecipeDescriptor
-
-if TYPE_CHECKING:
-    from .follow import Follower, Recording
 
 _SCOPES = {"kernel": Scope.KERNEL, "k_tile": Scope.K_TILE, "output_tile": Scope.OUTPUT_TILE}
 #: The most commands one launch may hold once its tl.range loops are instantiated. The steady state can time
@@ -118,8 +115,7 @@ class TLContext:
 
     Index = Index
 
-    def __init__(self, topo: Topology, memory: Memory, *, record: "Recording | None" = None,
-                 follow: "Follower | None" = None):
+    def __init__(self, topo: Topology, memory: Memory):
         self.topo = topo
         self.mem = memory
         self.hbm: Arena = memory.hbm
@@ -140,13 +136,9 @@ class TLContext:
         self._recipe_scratch: dict[tuple, dict[str, Handle]] = {}
         #: marks the completions this run hands out
         self._token = object()
-        #: a device run's first launch of a kind records its calls; a later launch of that kind follows them,
-        #: putting off the lowering of every call that equals the recorded one (see :mod:`.follow`)
-        self._record = record
-        self._follow = None
-        self._n_deferred = 0  # commands emitted whose lowering was put off
-        if follow is not None:
-            follow.start(self)
+        #: TCM buffers named after their source (``tl.load`` without ``name=``): ``id(buffer) -> (buffer, source,
+        #: suffix)``, so that a trace bound to other tensors names them after its own (``binding``)
+        self.named_after: dict[int, tuple[Handle, Handle, str]] = {}
 
     def __repr__(self) -> str:
         it = self._iter.text if isinstance(self._iter, Index) else self._iter
@@ -162,8 +154,8 @@ class TLContext:
         self._check_open()
         if self._loop is not None:
             raise TraceError("the kernel ended inside a tl.range body; a body must run to its end.")
-        return self._trace_of(self._segments + ([Plain(self._plain_first, tuple(self._plain))] if self._plain else []),
-                              self._ncmd)
+        return Trace(self._segments + ([Plain(self._plain_first, tuple(self._plain))] if self._plain else []),
+                     list(self.waits))
 
     @property
     def commands(self):
@@ -171,17 +163,7 @@ class TLContext:
         if self._loop is None:
             return self.trace().commands
         # inside a body: the commands before it (the body's own are not instantiated yet)
-        return self._trace_of(self._segments + [Plain(self._plain_first, tuple(self._plain))]).commands
-
-    def _trace_of(self, segments: list[Plain | Loop], n_commands: int | None = None) -> Trace:
-        """The trace of ``segments`` (``n_commands`` in all, if known): a :class:`LazyTrace` when some of their
-        commands are yet to be lowered."""
-        waits = list(self.waits)
-        if not self._n_deferred:
-            return Trace(segments, waits)
-        if n_commands is None:  # Trace reads no command to count them
-            n_commands = Trace(segments, waits).n_commands
-        return LazyTrace(lambda: (lowered_segments(segments), waits), n_commands)
+        return Trace(self._segments + [Plain(self._plain_first, tuple(self._plain))], list(self.waits)).commands
 
     def _check_open(self) -> None:
         if self._broken is not None:
@@ -302,10 +284,11 @@ class TLContext:
         Raises:
             ValidationError: ``t`` is not a HBM handle of this simulator.
         """
-        if not _is_handle(t) or t.space != Space.HBM:
+        h = unwrap(t)
+        if not _is_handle(h) or h.space != Space.HBM:
             raise ValidationError(f"tl.ref expects a HBM tensor handle, got {t!r}; "
                                   f"place host data with sim.hbm(name, array).")
-        self._own(t, "tl.ref")
+        self._own(h, "tl.ref")
         return t
 
     def alloc(self, shape: Sequence[int] | int, dtype: Any = "fp32", *, name: str) -> Handle:
@@ -392,25 +375,21 @@ class TLContext:
             ValidationError: ``src`` is not a HBM handle of this simulator.
             TcmOverflowError: the TCM cannot hold it.
         """
-        args = (src, name, label)
-        follow = self._follow
-        followed = follow is not None and follow.call("load", args)
+        src = unwrap(src)
         if not _is_handle(src) or src.space != Space.HBM:
             raise ValidationError(f"tl.load expects a HBM handle, got {src!r}; a TCM handle is already loaded.")
         self._own(src, "tl.load")
-        ctx = self._ctx() if self._record is not None else None
         dst = self.alloc(src.shape, src.dtype, name=f"{src.name}_tcm" if name is None else name)
-        if name is None and isinstance(src, LoopHandle):  # named after a source that differs per iteration
-            dst = LoopHandle.named(dst, src, "_tcm")
+        if name is None:  # named after its source: a trace bound to other tensors names it after theirs
+            if isinstance(src, LoopHandle):  # a source that differs per iteration
+                dst = LoopHandle.named(dst, src, "_tcm")
+            else:
+                self.named_after[id(dst)] = (dst, src, "_tcm")
         self._emit(self._dma(src, dst, label, "dma_load "))
-        if followed:
-            follow.made(dst)
-        elif ctx is not None:
-            self._record.add("load", args, ctx, dst)
         return dst
 
     def _dma(self, src: Handle, dst: Handle, label: str | None, verb: str) -> DmaCmd:
-        auto = verb if label is None and isinstance(src, LoopHandle) else None
+        auto = verb if label is None else None  # a default label names the source: made again where it moves
         return DmaCmd(self._next(), src, dst, self._label(label, verb + src.name), self._iter, auto)
 
     def store(self, src: Handle, dst: Handle, *, label: str | None = None) -> Completion:
@@ -420,10 +399,7 @@ class TLContext:
             ValidationError: wrong spaces, handles not of this run, or shapes/dtypes that differ
                 (a DMA does not convert).
         """
-        args = (src, dst, label)
-        follow = self._follow
-        if follow is not None:
-            follow.call("store", args)
+        src, dst = unwrap(src), unwrap(dst)
         if not _is_handle(src) or src.space != Space.TCM:
             raise ValidationError(f"tl.store: source must be a TCM handle, got {src!r}.")
         if not _is_handle(dst) or dst.space != Space.HBM:
@@ -434,8 +410,6 @@ class TLContext:
             raise ValidationError(f"tl.store {src.name} -> {dst.name}: shapes/dtypes differ "
                                   f"({src.shape} {src.dtype} vs {dst.shape} {dst.dtype}); a DMA copies bytes, "
                                   f"so allocate the destination with the same shape and dtype.")
-        if self._record is not None:
-            self._record.add("store", args, self._ctx(), None)
         return self._emit(self._dma(src, dst, label, "dma_store "))
 
     def wait(self, completion: Completion) -> None:
@@ -500,39 +474,21 @@ class TLContext:
                 not a real number, or a handle is not valid in this run.
         """
         self._check_open()
-        args = (op, a, b, c, out, trans_b, math_op, value, factor, prologue, epilogue, ops, rw_handles, label)
-        follow = self._follow
-        if follow is not None:
-            done = follow.composite(args)
-            if done is not None:
-                return done
-        where = self._where()
-        cmd, recipe = self._lower_composite(args, where, self._iter)
-        rec = self._record
-        if rec is not None:
-            rec.add("composite", snapshot(args), self._ctx(), recipe)
+        args = (op, unwrap(a), unwrap(b), unwrap(c), unwrap(out), trans_b, math_op, value, factor,
+                unwrap_entries(prologue), unwrap_entries(epilogue), unwrap_entries(ops), unwrap_entries(rw_handles),
+                label)
+        cmd, recipe = self._lower_composite(args, self._where(), self._iter)
         return self._emit(cmd)
 
-    def _where(self) -> At:
+    def _where(self) -> "At":
         """How errors name the command about to be emitted (``command #9 (in a tl.range body)``), written only
         when an error needs it."""
         return At(self._ncmd, self._loop is not None)
 
-    def _ctx(self) -> tuple:
-        """What lowering a call reads of the context besides its arguments (``triton_emu.follow``): the command's
-        id, the loop whose body is being traced, the ``iter`` label and how many scratch scopes are open."""
-        lp = self._loop
-        return (self._ncmd, None if lp is None else lp.var, self._iter, len(self._scopes))
-
-    def _lower_composite(self, args: tuple, where: str, iter_: int | Index,
-                         given: tuple[Completion, dict[str, Handle] | None] | None = None
-                         ) -> tuple[CompositeCmd, tuple | None]:
+    def _lower_composite(self, args: tuple, where: str, iter_: int | Index) -> tuple[CompositeCmd, tuple | None]:
         """Lower one ``tl.composite`` call (``args`` in the order of its parameters) to its command.
 
-        ``given`` is ``None`` when the call is being made: the handles' ownership is checked, the recipe's
-        scratch found or allocated, the completion made. A call that :mod:`.follow` put off passes what was
-        done when it was made instead, ``(completion, recipe scratch or None)``: lowering is then a function of
-        the call's arguments alone, whenever it runs.
+        The handles' ownership is checked, the recipe's scratch found or allocated, the completion made.
 
         Returns:
             The command, and where its recipe is (``((part, index), descriptor, scratch)``, or ``None``).
@@ -547,7 +503,6 @@ class TLContext:
                 _check_list(seq, f"tl.composite: {what}=")
         if trans_b is None:
             trans_b = False
-        scratch_of = None if given is None else given[1]
         if ops is not None:
             given_args = [k for k, v in dict(op=op, a=a, b=b, c=c, out=out, math_op=math_op, value=value,
                                               factor=factor).items() if v is not None]
@@ -555,20 +510,19 @@ class TLContext:
                 raise ValidationError(f"tl.composite: the flat form ops=[...] takes no "
                                       f"{', '.join(given_args) or 'prologue/epilogue/trans_b'}; put everything into "
                                       f"the OpSpecs.")
-            flat, rw, scratch, primary, notes, recipe = self._lower_flat(ops, rw_handles, where, scratch_of)
+            flat, rw, scratch, primary, notes, recipe = self._lower_flat(ops, rw_handles, where)
         else:
             flat, rw, scratch, primary, notes, recipe = self._lower_legacy(
-                op, a, b, c, out, trans_b, math_op, value, factor, prologue, epilogue, rw_handles, where, scratch_of)
+                op, a, b, c, out, trans_b, math_op, value, factor, prologue, epilogue, rw_handles, where)
         for h in rw:
             if not _is_handle(h):
                 raise ValidationError(f"{where}: rw_handles holds {h!r}, which is not a tensor handle.")
-            if given is None and not self._owns(h):
+            if not self._owns(h):
                 self._own(h, f"{where} rw_handles")
         made = _made_by_recipe(notes)
-        if given is None:
-            self._check_ops(flat, where, made)
+        self._check_ops(flat, where, made)
         _validate_ops(flat, where, notes, made)
-        completion = self._next(primary) if given is None else given[0]
+        completion = self._next(primary)
         return CompositeCmd(completion, flat, rw, True, scratch,
                             label if label is not None else "+".join(o.kind for o in flat), iter_), recipe
 
@@ -636,9 +590,6 @@ class TLContext:
     def _emit(self, cmd: Command) -> Completion:
         if self._broken is not None:
             raise TraceError(self._broken)
-        follow = self._follow
-        if follow is not None and not follow.announced():
-            follow.stop()  # a command no recorded call accounts for: this launch is the recorded one no longer
         lp = self._loop
         if lp is None:
             self._plain.append(cmd)
@@ -648,8 +599,7 @@ class TLContext:
         self._ncmd += 1
         return cmd.completion
 
-    def _lower_flat(self, ops: Sequence[OpSpec], rw_handles: Sequence[Handle], where: str,
-                    scratch_of: dict[str, Handle] | None = None):
+    def _lower_flat(self, ops: Sequence[OpSpec], rw_handles: Sequence[Handle], where: str):
         _check_list(ops, "tl.composite(ops=...): ops")
         flat: list[OpSpec] = []
         rw: list[Handle] = []
@@ -668,7 +618,7 @@ class TLContext:
                 if o.out is not None:
                     raise ValidationError(f"{where} op {i}: recipe {o.kind!r} writes its own scratch; give it no out=.")
                 entry = {"scope": o.scope, **o.operands, **o.extra}
-                specs, r_rw, scratch_set, primary = self._expand_recipe(rd, entry, f"{where} op {i}", scratch_of)
+                specs, r_rw, scratch_set, primary = self._expand_recipe(rd, entry, f"{where} op {i}")
                 scratch = tuple(scratch_set.values())
                 recipe = (("ops", i), rd, scratch_set)
                 notes.append(_recipe_notes(rd, f"ops[{i}]", len(flat)))
@@ -683,8 +633,7 @@ class TLContext:
         rw += [h for h in rw_handles if h not in rw]
         return tuple(flat), tuple(rw), scratch, primary, notes, recipe
 
-    def _lower_legacy(self, op, a, b, c, out, trans_b, math_op, value, factor, prologue, epilogue, rw, where,
-                      scratch_of=None):
+    def _lower_legacy(self, op, a, b, c, out, trans_b, math_op, value, factor, prologue, epilogue, rw, where):
         if op not in ("gemm", "math"):
             raise ValidationError(f"tl.composite: op={op!r}; use op='gemm' or op='math', or the flat form ops=[...].")
         pre: list[OpSpec] = []
@@ -700,8 +649,7 @@ class TLContext:
             if rd is not None:
                 if scratch:
                     raise ValidationError(f"prologue[{i}]: only one recipe per composite is supported.")
-                specs, recipe_rw, scratch_set, primary = self._expand_recipe(rd, entry, f"{where} prologue[{i}]",
-                                                                             scratch_of)
+                specs, recipe_rw, scratch_set, primary = self._expand_recipe(rd, entry, f"{where} prologue[{i}]")
                 scratch = tuple(scratch_set.values())
                 recipe = (("prologue", i), rd, scratch_set)
                 notes.append(_recipe_notes(rd, f"prologue[{i}]", len(pre)))
@@ -752,12 +700,8 @@ class TLContext:
         rw_all = tuple(recipe_rw) + tuple(h for h in rw if h not in recipe_rw)
         return flat, rw_all, scratch, primary, notes, recipe
 
-    def _expand_recipe(self, rd: RecipeDescriptor, entry: Mapping[str, Any], where: str,
-                       scratch_of: dict[str, Handle] | None = None):
-        """Expand one recipe entry: ``(ops, rw handles, scratch set by name, primary output or None)``.
-
-        ``scratch_of``: the scratch this call found or allocated when it was made (a call :mod:`.follow` put
-        off); its operands' ownership was checked then, and is not again."""
+    def _expand_recipe(self, rd: RecipeDescriptor, entry: Mapping[str, Any], where: str):
+        """Expand one recipe entry: ``(ops, rw handles, scratch set by name, primary output or None)``."""
         where = f"{where}: recipe {rd.name!r}"
         if entry.get("scope", "kernel") not in ("kernel", Scope.KERNEL):
             raise ValidationError(f"{where}: a recipe runs once before the tile loop; drop scope=.")
@@ -779,7 +723,7 @@ class TLContext:
             h = given[n]
             if not _is_handle(h):
                 raise ValidationError(f"{where}: operand {n!r} must be a tensor handle, got {h!r}.")
-            if scratch_of is None and not self._owns(h):
+            if not self._owns(h):
                 self._own(h, f"{where} operand {n!r}")
             if h.space != Space.TCM:
                 raise ValidationError(f"{where}: operand {n}={h.name} is in HBM (a {role} operand); recipe operands must "
@@ -797,7 +741,7 @@ class TLContext:
                 raise ValidationError(f"{where}: param {p!r} has no default; pass it, e.g. {{..., {p!r}: 1e-6}}.")
             check_scalar(where, p, v)
             params[p] = v
-        scratch = self._recipe_scratch_for(rd, operands, where) if scratch_of is None else scratch_of
+        scratch = self._recipe_scratch_for(rd, operands, where)
         env: dict[str, Handle] = {**operands, **scratch}
         specs = []
         for kind, ports, srcs, dst, scalars in rd.steps:
@@ -1262,3 +1206,23 @@ def _broadcast(shapes: list[tuple[int, ...]]) -> tuple[int, ...] | None:
                 d = s[-k]
         dims.append(d)
     return tuple(reversed(dims))
+
+
+class At(tuple):
+    """Where a composite call is, ``(command id, in a body)``, in words (``command #9 (in a tl.range body)``)
+    written only when an error needs them."""
+
+    __slots__ = ()
+
+    def __new__(cls, ncmd: int, body: bool) -> "At":
+        return tuple.__new__(cls, (ncmd, body))
+
+    def __str__(self) -> str:
+        ncmd, body = self
+        return f"command #{ncmd}" + (" (in a tl.range body)" if body else "")
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+    def __repr__(self) -> str:
+        return f"At({str(self)!r})"
