@@ -19,6 +19,7 @@ Every reduction gives the plain simulation's results; :class:`Reductions` says w
 
 from __future__ import annotations
 
+import bisect
 import functools
 import operator
 from dataclasses import dataclass, field
@@ -79,31 +80,32 @@ class Family:
         return np.stack([lo, lo + self.size], axis=1)
 
 
-def _hbm_uses(prog: Program, reads: list[Family], writes: list[Family], chans: set[int]) -> None:
-    """Add every HBM range ``prog`` reads and writes to ``reads`` and ``writes`` (a loop's moving slices as
-    families, not one per iteration), and to ``chans`` the channels its transfers move bytes on (a DMA's HBM
-    side, a composite's HBM operands and outs): one walk over the commands, a loop's body once."""
+def _hbm_uses(trace: Any, reads: list, writes: list, chans: list) -> None:
+    """Add every HBM range ``trace`` reads and writes to ``reads`` and ``writes`` (a loop's moving slices as
+    families, not one per iteration), each as ``(Family, handle)``, and to ``chans`` the handles whose channels
+    its transfers move bytes on (a DMA's HBM side, a composite's HBM operands and outs): one walk over the
+    commands, a loop's body once."""
     HBM = Space.HBM
 
-    def add(h: Handle, out: list[Family], n: int) -> None:
+    def add(h: Handle, out: list, n: int) -> None:
         if not h.nbytes:
             return
         if isinstance(h, LoopHandle):
             if h.kind == "rows":
-                out.append(Family(h.addr, h.stride, h.nbytes, n))
+                out.append((Family(h.addr, h.stride, h.nbytes, n), h))
                 return
             for i in range(n):  # anything else moving: each iteration (rare in HBM)
                 c = h.at(i)
-                out.append(Family(c.addr, 0, c.nbytes, 1))
+                out.append((Family(c.addr, 0, c.nbytes, 1), c))
             return
-        out.append(Family(h.addr, 0, h.nbytes, 1))
+        out.append((Family(h.addr, 0, h.nbytes, 1), h))
 
-    for seg in prog.trace.segments:
+    for seg in trace.segments:
         cmds, n = (seg.commands, 1) if isinstance(seg, Plain) else (seg.body, seg.iterations)
         for cmd in cmds:
             if isinstance(cmd, DmaCmd):  # reads its source, writes its destination (DESIGN.md §5)
                 src, dst = cmd.src, cmd.dst
-                chans.add(src.channel if src.space is HBM else dst.channel)
+                chans.append(src if src.space is HBM else dst)
                 if src.space is HBM:
                     add(src, reads, n)
                 if dst.space is HBM:
@@ -113,11 +115,11 @@ def _hbm_uses(prog: Program, reads: list[Family], writes: list[Family], chans: s
             for op in cmd.ops:
                 for h in op.operands.values():
                     if h.space is HBM:
-                        chans.add(h.channel)
+                        chans.append(h)
                         add(h, reads, n)
                 h = op.out
                 if h is not None and h.space is HBM:
-                    chans.add(h.channel)
+                    chans.append(h)
                     add(h, writes, n)
             for h in cmd.rw_handles:
                 if h.space is HBM:
@@ -138,13 +140,72 @@ class Uses:
 
 
 def uses_of(progs: Sequence[Program]) -> Uses:
-    """:class:`Uses` of one PE's launches, in one walk over their commands (a loop's body once)."""
+    """:class:`Uses` of one PE's launches: a launch bound from a trace has its trace's uses moved to its own
+    tensors (:func:`_placed`, made once per trace), any other is walked (a loop's body once)."""
     chans: set[int] = set()
     reads: list[Family] = []
     writes: list[Family] = []
     for prog in progs:
-        _hbm_uses(prog, reads, writes, chans)
+        b = prog.trace.binding
+        placed = _placed(b.traced) if b is not None else None
+        if placed is None:
+            r, w, c = [], [], []
+            _hbm_uses(prog.trace, r, w, c)
+            reads += [f for f, _ in r]
+            writes += [f for f, _ in w]
+            chans.update(h.channel for h in c)
+            continue
+        leaves = b.leaves
+        p_reads, p_writes, p_chans = placed
+        for fams, out in ((p_reads, reads), (p_writes, writes)):
+            for i, f in fams:
+                out.append(f if i is None else Family(f.addr + leaves[i].addr, f.stride, f.size, f.count))
+        chans.update(c if i is None else leaves[i].channel for i, c in p_chans)
     return Uses(chans, reads, writes)
+
+
+def _placed(traced: Any) -> tuple | None:
+    """A trace's HBM uses relative to its tensor arguments, made once per trace: ``(reads, writes, channels)``,
+    each family as ``(argument index, family relative to it)`` and each channel as ``(argument index,
+    channel)``, with ``None`` for the index of what no argument holds (the kernel's own tensors: the same in
+    every binding). None when the trace's uses cannot be told apart so (a tensor of the kernel's own overlaps
+    an argument): each binding is then walked."""
+    memo = traced.memo
+    if "uses" in memo:
+        return memo["uses"]
+    r, w, c = [], [], []
+    _hbm_uses(traced.trace, r, w, c)
+    leaves = [(h.addr, h.end, i) for i, h in enumerate(traced.leaves) if h.space is Space.HBM]
+    leaves.sort()
+    starts = [x[0] for x in leaves]
+    out = None
+    try:
+        for h in traced.constants:
+            if any(lo < h.end and h.addr < hi for lo, hi, _ in leaves):
+                raise LookupError(h)
+
+        def where(lo: int, hi: int) -> int | None:
+            k = bisect.bisect_right(starts, lo) - 1
+            if k >= 0 and hi <= leaves[k][1] and lo < leaves[k][1]:
+                return leaves[k][2]
+            if any(a < hi and lo < b for a, b, _ in leaves) or lo == hi:
+                raise LookupError(lo)  # across arguments, or nothing to place by
+            return None
+
+        fams = []
+        for src in (r, w):
+            placed = []
+            for f, _ in src:
+                i = where(*f.hull)
+                placed.append((i, f if i is None else Family(f.addr - traced.leaves[i].addr, f.stride, f.size,
+                                                             f.count)))
+            fams.append(placed)
+        chans = {(where(h.addr, max(h.end, h.addr + 1)), h.channel) for h in c}
+        out = (fams[0], fams[1], [(i, ch) for i, ch in chans])
+    except LookupError:
+        out = None
+    memo["uses"] = out
+    return out
 
 
 def _families_meet(a: Family, b: Family) -> bool:
@@ -288,7 +349,7 @@ def group_key(group: Sequence[int], programs: dict[int, Sequence[Program]], shar
     tensor_ids: dict[tuple, int] = {}
     channel_ids: dict[int, int] = {}
     for pe in group:
-        fixed: set[str] = set()
+        taken: set[str] = set()
         names: set[str] = set()
         for prog in programs[pe]:
             b = prog.trace.binding
@@ -299,29 +360,12 @@ def group_key(group: Sequence[int], programs: dict[int, Sequence[Program]], shar
                 c = h.channel
                 key.append((tensor_ids.setdefault((h.addr, h.nbytes), len(tensor_ids)),
                             channel_ids.setdefault(c, len(channel_ids)), c in shared))
-            fixed.update(b.traced.fixed_texts)
+            taken |= b.traced.taken_names
             names.update(h.name for h in b.leaves)
-        if any("|" in n or "[" in n for n in names) or _clash(fixed, names):
+        if any("|" in n or "[" in n for n in names) or not taken.isdisjoint(names):
             return None, ()
         key.append(None)  # the end of a PE's launches
     return tuple(key), tuple(channel_ids)
-
-
-def _clash(fixed: set[str], names: set[str]) -> bool:
-    """Whether a name or label a trace fixes (``fixed``) could be taken for one made from a tensor named in
-    ``names``: the tensor's name itself, a slice of it (``K[0:128]``), a buffer named after it (``K_tcm``), alone,
-    after a DMA verb or in a fetch's pair (``a|b``)."""
-    for f in fixed:
-        for piece in f.split("|"):
-            for verb in DMA_VERBS:
-                if piece.startswith(verb):
-                    piece = piece[len(verb):]
-                    break
-            for n in names:
-                if piece.startswith(n) and (len(piece) == len(n) or piece[len(n)] == "[" or
-                                            piece.startswith("_tcm", len(n))):
-                    return True
-    return False
 
 
 def flow_channels(shared: dict[int, int], topo) -> dict[int, FlowChannel]:

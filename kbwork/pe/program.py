@@ -22,7 +22,7 @@ import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from ..memory import CommandName, LoopHandle
 from ..symbolic import Index, LoopVar
@@ -137,26 +137,59 @@ class Trace:
     ``commands`` is a lazy sequence of every command (loops instantiated on
     access); ``loops`` lists the loops; ``waits`` are the ``(before, target)``
     pairs of ``tl.wait`` outside loops. :meth:`waits_of` gives any command's.
+
+    A trace bound to a launch's tensors (``triton_emu.binding``) may be given its segments as the function
+    that makes them, with ``n_commands``: they are made when first read (a replicated launch's never are).
     """
 
-    def __init__(self, segments: Sequence[Segment], waits: Sequence[tuple[int, int]] = (), binding: Any = None):
+    def __init__(self, segments: Sequence[Segment] | Callable[[], Sequence[Segment]],
+                 waits: Sequence[tuple[int, int]] = (), binding: Any = None, *, n_commands: int | None = None):
         #: which trace of its run this launch was bound from, and to what (``triton_emu.binding.Binding``; None
         #: for a trace made outside a run)
         self.binding = binding
         #: the ``tl.wait`` pairs outside loops, as given
         self.plain_waits = tuple(waits)
-        self.segments = tuple(s for s in segments if (s.commands if isinstance(s, Plain) else s.iterations))
-        self.all_segments = tuple(segments)
-        self.loops = tuple(s for s in segments if isinstance(s, Loop))
-        self.n_commands = self.segments[-1].end_cmd if self.segments else 0
-        self._starts = [s.first_cmd for s in self.segments]
+        if callable(segments):
+            self._make: Callable[[], Sequence[Segment]] | None = segments
+            self.n_commands = n_commands
+        else:
+            self._make = None
+            self._set(segments)
+
+    def _set(self, segments: Sequence[Segment]) -> None:
+        self._segments = tuple(s for s in segments if (s.commands if isinstance(s, Plain) else s.iterations))
+        self._all = tuple(segments)
+        self._loops = tuple(s for s in segments if isinstance(s, Loop))
+        self.n_commands = self._segments[-1].end_cmd if self._segments else 0
+        self._starts = [s.first_cmd for s in self._segments]
         waits_by: dict[int, list[int]] = {}
-        for before, target in waits:
+        for before, target in self.plain_waits:
             waits_by.setdefault(before, []).append(target)
         self._waits = {c: tuple(sorted(ts)) for c, ts in waits_by.items()}
         # the loops a tl.wait outside them holds a command of (one issued just before a loop holds its first)
-        self._held = frozenset(seg.number for seg in self.loops
+        self._held = frozenset(seg.number for seg in self._loops
                                if any(seg.first_cmd <= c < seg.end_cmd for c in self._waits))
+
+    def _made(self) -> "Trace":
+        make = self._make
+        if make is not None:
+            self._make = None
+            self._set(make())
+        return self
+
+    @property
+    def segments(self) -> tuple[Segment, ...]:
+        """The segments that hold commands (an empty loop holds none)."""
+        return self._made()._segments
+
+    @property
+    def all_segments(self) -> tuple[Segment, ...]:
+        """Every segment as traced, empty loops included."""
+        return self._made()._all
+
+    @property
+    def loops(self) -> tuple[Loop, ...]:
+        return self._made()._loops
 
     @property
     def commands(self) -> "CommandList":
@@ -169,7 +202,7 @@ class Trace:
 
     def segment_of(self, cid: int) -> Segment:
         """The segment holding command id ``cid``."""
-        return self.segments[bisect.bisect_right(self._starts, cid) - 1]
+        return self.segments[bisect.bisect_right(self._starts, cid) - 1]  # (segments made it)
 
     def command(self, cid: int) -> Command:
         seg = self.segment_of(cid)

@@ -21,7 +21,7 @@ tensor's name. Nothing is parsed out of text.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -256,6 +256,8 @@ class Traced:
     names: dict[str, list[Handle]]
     derived: dict[int, tuple]
     named_after: dict[int, tuple]
+    #: what the device works out once per trace (its uses relative to its arguments, ``device.device``)
+    memo: dict = field(default_factory=dict)
 
     def bind(self, leaves: Sequence[Handle]) -> tuple[Trace, dict[str, list[Handle]]]:
         """The trace bound to a launch whose tensor arguments are ``leaves`` (of this signature): the launch's
@@ -270,7 +272,8 @@ class Traced:
             for h in hs:
                 g = b.handle(h)
                 names.setdefault(g.name, []).append(g)
-        return b.trace(Binding(self, leaves)), names
+        # its commands are substituted when first read: a launch the device replicates is never read
+        return Trace(b.segments, tr.plain_waits, Binding(self, leaves), n_commands=tr.n_commands), names
 
     @functools.cached_property
     def constants(self) -> tuple[Handle, ...]:
@@ -302,6 +305,27 @@ class Traced:
         texts = {h.name for h in handles_of(self.trace) if not self._made_from(h, leaf)}
         texts |= {c.label for c in commands_of(self.trace) if c.__class__ is not DmaCmd or c.auto_label is None}
         return tuple(texts)
+
+    @functools.cached_property
+    def taken_names(self) -> frozenset[str]:
+        """The tensor names a name or label this trace fixes (:attr:`fixed_texts`) could be taken for one made
+        from: a tensor named ``n`` names its slices ``n[...]`` and ``tl.load`` its buffer ``n_tcm``, and a label
+        names a DMA's source after ``dma_load `` or ``dma_store ``; ``|`` joins a fetch's two names. A replica
+        whose tensor arguments bear none of these names is named by its binding without a mistake."""
+        out: set[str] = set()
+        for f in self.fixed_texts:
+            for piece in f.split("|"):
+                for verb in ("dma_load ", "dma_store "):
+                    if piece.startswith(verb):
+                        piece = piece[len(verb):]
+                        break
+                base = piece.partition("[")[0]
+                out.add(base)
+                at = base.find("_tcm")
+                while at >= 0:
+                    out.add(base[:at])
+                    at = base.find("_tcm", at + 1)
+        return frozenset(out)
 
     def _made_from(self, h: Handle, leaf: set[int]) -> bool:
         """Whether ``h`` was made from a tensor argument (``leaf``: their ids)."""
@@ -434,17 +458,16 @@ class Binder:
         return CompositeCmd(Completion(c.cmd, primary, c.origin, c.loop), tuple(ops), rw, cmd.data_op, scratch,
                             cmd.label, cmd.iter)
 
-    def trace(self, binding: "Binding") -> Trace:
-        """The bound trace (its loops' bodies bound once, as they were traced once)."""
-        tr = self.t.trace
+    def segments(self) -> list:
+        """The trace's segments bound (its loops' bodies bound once, as they were traced once)."""
         segs = []
-        for s in tr.all_segments:
+        for s in self.t.trace.all_segments:
             if isinstance(s, Plain):
                 segs.append(Plain(s.first_cmd, tuple([self.command(c) for c in s.commands])))
             else:
                 segs.append(Loop(s.number, s.first_cmd, tuple([self.command(c) for c in s.body]), s.iterations,
                                  s.iters, s.waits, s.period, s.var))
-        return Trace(segs, tr.plain_waits, binding)
+        return segs
 
 
 def _chained(name: str, chain: tuple) -> str:
