@@ -24,7 +24,7 @@ from .device.device import Reductions, simulate_device
 from .device.loop import LaunchMemory
 from .device.replay import FlowMismatch, counters_from, loads_from
 from .device.steady import SteadyState, check_steady_state, simulate_pe
-from .pe.scheduler import Program
+from .pe.scheduler import Program, ScheduleView
 from .pe.stages import unit_names
 from .pe.tiling import StagingRing
 from .triton_emu.binding import Traced, params, signature, unwrap
@@ -280,18 +280,14 @@ class Simulator:
             runs = {}
             offset = 0
             hbm_names = dict(self._hbm)  # the tensors as this run saw them (read-only: one copy serves every PE)
+            timings = {"emit": t1 - t0, "simulate": t2 - t1}
             for pe in sorted(results):
                 timeline, sched, state = results[pe]
-                r = Run(self, sched, timeline, hbm_names, names, tcms, index, snapshot)
-                r.steady_state = state
-                r._source = programs[pe]
-                r.pe_index, r.seq_offset = pe, offset
+                r = Run(self, sched, timeline, hbm_names, names, tcms, index, snapshot, steady_state=state,
+                        source=programs[pe], pe=pe, seq_offset=offset, reductions=red, timings=timings)
                 offset += r.n_stages
                 runs[pe] = r
-            run = runs[0] if list(runs) == [0] else DeviceRun(self, runs, red)
-            run.reductions = red
-            run.timings = {"emit": t1 - t0, "simulate": t2 - t1}
-            return run
+            return runs[0] if list(runs) == [0] else DeviceRun(self, runs, red, timings=timings)
 
     def _programs(self, plan: dict[int, list["Launch"]]) -> tuple[dict, dict, dict, list]:
         """Trace ``plan``'s launches, a kernel once per abstract signature (DESIGN.md §19), and bind each launch to
@@ -560,11 +556,15 @@ class Run:
             end and ready of every stage, its unit, the hazard holds).
     """
 
-    def __init__(self, sim: Simulator, prog: Program, timeline: Timeline, hbm_names: dict[str, Handle],
-                 tcm_names: dict[str, list[Handle]], tcms: Sequence[Any], index: int = 0, snapshot: tuple = ()):
+    def __init__(self, sim: Simulator, prog: ScheduleView, timeline: Timeline, hbm_names: dict[str, Handle],
+                 tcm_names: dict[str, list[Handle]], tcms: Sequence[Any], index: int = 0, snapshot: tuple = (), *,
+                 steady_state: SteadyState | None = None, source: Sequence[Program] = (), pe: int = 0,
+                 seq_offset: int = 0, reductions: Reductions | None = None, timings: dict[str, float] | None = None,
+                 mode: str | None = None):
         self.sim = sim
         self.topology = sim.topo
-        self.mode = sim.mode
+        self.mode = sim.mode if mode is None else mode
+        #: what the run simulated: the full schedule, an expanded steady one or a replica (``ScheduleView``)
         self.program = prog
         # what the timeline recorded, as arrays (a million-entry list would be walked by the garbage
         # collector once the run re-enables it); a steady-state run builds them on first use
@@ -574,18 +574,19 @@ class Run:
         self._tcms = list(tcms)
         self._index = index
         #: the PE it ran on, and where its stages start in the device's numbering
-        self.pe_index, self.seq_offset = 0, 0
+        self.pe_index, self.seq_offset = pe, seq_offset
         #: which exact reductions the device run used (``device.device.Reductions``)
-        self.reductions: Reductions | None = None
+        self.reductions = reductions
+        #: the programs (one per launch) the run simulated (``what_if`` simulates them again)
+        self._source = tuple(source)
         self._snapshot = snapshot
         self._op_log: pd.DataFrame | None = None
         self._bindings: Bindings | None = None
-        cycles = getattr(timeline, "cycles", None)
-        self.cycles = cycles if cycles is not None else (int(timeline.end.max()) if len(timeline.end) else 0)
-        #: for a decode run in timing mode, how it was computed (``steady.SteadyState``); else None
-        self.steady_state = None
+        self.cycles = timeline.cycles
+        #: in timing mode, how it was computed (``steady.SteadyState``); else None
+        self.steady_state = steady_state
         #: wall-clock seconds of each phase (emit, schedule, simulate, op_log), for benchmarks
-        self.timings: dict[str, float] = {}
+        self.timings: dict[str, float] = dict(timings or {})
 
     def __repr__(self) -> str:
         how = f"; {self.steady_state.path}" if self.steady_state is not None else ""
@@ -655,11 +656,7 @@ class Run:
         The same numbers as the op_log's DISPATCH rows (``end - start``),
         without building the op_log.
         """
-        tl = self.timeline
-        if hasattr(tl, "dispatch_cycles"):  # a steady-state run: from the simulated commands, repeated
-            return tl.dispatch_cycles()
-        d = np.asarray(self.program.dispatch_seq, dtype=np.int64)
-        return self._end[d] - self._start[d]
+        return self.timeline.dispatch_cycles(self.program)
 
     def read(self, handle_or_name: Handle | str) -> np.ndarray:
         """A copy of a tensor's contents at the end of this run, in its own dtype (bf16 via ml_dtypes).
@@ -723,12 +720,8 @@ class Run:
         as the run used it. The kernel is not called again."""
         progs = [_rescaled(p, engine, factor) for p in self._source]
         timeline, sched, state = simulate_pe(progs, None, steady_state=True)
-        run = Run(self.sim, sched, timeline, self._hbm_names, self._tcm_names, self._tcms, self._index, ())
-        run.mode = "timing"
-        run.steady_state = state
-        run._source = progs
-        run.pe_index, run.seq_offset = self.pe_index, self.seq_offset
-        return run
+        return Run(self.sim, sched, timeline, self._hbm_names, self._tcm_names, self._tcms, self._index, (),
+                   steady_state=state, source=progs, pe=self.pe_index, seq_offset=self.seq_offset, mode="timing")
 
     def to_csv(self, path: str | Path | None = None) -> str:
         """The canonical op_log CSV (written to ``path`` if given).
@@ -749,10 +742,8 @@ class Run:
         """What bound each stage's start (``device.walk.Bindings``): ``run.bindings(seq)`` is
         ``(cause code, stage)``, the code an index into ``device.walk.CAUSES``."""
         if self._bindings is None:
-            self._bindings = Bindings(self.program, self.timeline)
-            ex = getattr(self.program, "_ex", None)
-            if ex is not None:  # a steady-state run: the critical path repeats with the inserted periods
-                self._bindings.periods = ex.periods()
+            # a steady-state run: the critical path repeats with the inserted periods
+            self._bindings = Bindings(self.program, self.timeline, self.program.periods())
         return self._bindings
 
     def critical_path(self) -> pd.DataFrame:
@@ -800,7 +791,8 @@ class DeviceRun(Run):
     ``run.pe(p).program`` is PE p's.
     """
 
-    def __init__(self, sim: Simulator, runs: dict[int, Run], reductions: Reductions):
+    def __init__(self, sim: Simulator, runs: dict[int, Run], reductions: Reductions,
+                 timings: dict[str, float] | None = None):
         self.sim = sim
         self.topology = sim.topo
         self.mode = sim.mode
@@ -808,7 +800,7 @@ class DeviceRun(Run):
         self.reductions = reductions
         self.cycles = max(r.cycles for r in runs.values())
         self._op_log: pd.DataFrame | None = None
-        self.timings: dict[str, float] = {}
+        self.timings: dict[str, float] = dict(timings or {})
         self.pe_index, self.seq_offset = -1, 0
         paths = [r.steady_state.path for r in runs.values()]
         first = next(r.steady_state for r in runs.values())
@@ -911,9 +903,8 @@ class DeviceRun(Run):
         offset = 0
         for p in sorted(results):
             timeline, sched, state = results[p]
-            r = Run(self.sim, sched, timeline, {}, {}, [], 0, ())
-            r.mode, r.steady_state, r._source = "timing", state, programs[p]
-            r.pe_index, r.seq_offset = p, offset
+            r = Run(self.sim, sched, timeline, {}, {}, [], 0, (), steady_state=state, source=programs[p], pe=p,
+                    seq_offset=offset, reductions=red, mode="timing")
             offset += r.n_stages
             runs[p] = r
         return DeviceRun(self.sim, runs, red)

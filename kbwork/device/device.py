@@ -515,6 +515,12 @@ class Replica:
     def edge_reach(self) -> int:
         return self.source.edge_reach()
 
+    n_commands = property(lambda self: self.source.n_commands)
+    n_stages = property(lambda self: self.source.n_stages)
+
+    def periods(self) -> list[tuple[int, int, int]]:
+        return self.source.periods()
+
     @property
     def labels(self) -> list[str]:
         """Each command's label: the simulated PE's, a default DMA label naming this PE's source."""
