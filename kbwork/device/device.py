@@ -33,7 +33,6 @@ from ..memory import Handle, LoopHandle, Space
 from ..pe.commands import DmaCmd
 from ..pe.program import Plain, handles_of
 from ..pe.scheduler import Program
-from ..symbolic import Index
 from .flows import FlowChannel, contended
 
 
