@@ -146,7 +146,8 @@ def uses_of(progs: Sequence[Program]) -> Uses:
     writes: list[Family] = []
     for prog in progs:
         b = prog.trace.binding
-        placed = _placed(b.traced) if b is not None else None
+        # (a trace bound to one launch only is walked: placing its uses would cost more than it saves)
+        placed = _placed(b.traced) if b is not None and b.traced.bound > 1 else None
         if placed is None:
             r, w, c = [], [], []
             _hbm_uses(prog.trace, r, w, c)

@@ -104,7 +104,24 @@ def path_text(path: tuple, positional: list[str]) -> str:
     return text + "".join(f"[{p!r}]" for p in path[1:])
 
 
-def _argument_names(kernel: Callable[..., Any], args: tuple) -> list[str]:
+class ArgName:
+    """How an error names a tensor argument (``kv[1][0]``, ``k[0:128]``): its path and the slices taken of it,
+    put into words only when an error needs them (the kernel's signature is read then)."""
+
+    __slots__ = ("kernel", "n_args", "path", "keys")
+
+    def __init__(self, kernel: Callable[..., Any], n_args: int, path: tuple, keys: tuple = ()):
+        self.kernel, self.n_args, self.path, self.keys = kernel, n_args, path, keys
+
+    def sliced(self, key: Any) -> "ArgName":
+        return ArgName(self.kernel, self.n_args, self.path, self.keys + (key,))
+
+    def __str__(self) -> str:
+        return path_text(self.path, _argument_names(self.kernel, self.n_args)) + "".join(
+            f"[{_key_text(k)}]" for k in self.keys)
+
+
+def _argument_names(kernel: Callable[..., Any], n_args: int) -> list[str]:
     """The names of the kernel's positional parameters after ``tl`` (``*args`` as ``args[i]``), for messages."""
     import inspect
 
@@ -117,7 +134,7 @@ def _argument_names(kernel: Callable[..., Any], args: tuple) -> list[str]:
         if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
             out.append(p.name)
         elif p.kind is p.VAR_POSITIONAL:
-            out += [f"{p.name}[{i}]" for i in range(len(args) - len(out))]
+            out += [f"{p.name}[{i}]" for i in range(n_args - len(out))]
             break
     return out
 
@@ -131,7 +148,7 @@ class Param:
 
     __slots__ = ("_h", "_what", "_reg")
 
-    def __init__(self, h: Handle, what: str, reg: dict[int, tuple]):
+    def __init__(self, h: Handle, what: ArgName, reg: dict[int, tuple]):
         self._h, self._what, self._reg = h, what, reg
 
     name = property(lambda self: self._h.name)
@@ -145,7 +162,7 @@ class Param:
 
     def _concrete(self, what: str) -> TraceError:
         return TraceError(
-            f"the kernel reads the {what} of tensor argument {self._what!r} ({self._h.name}) while it is traced. A "
+            f"the kernel reads the {what} of tensor argument {str(self._what)!r} ({self._h.name}) while it is traced. A "
             f"kernel is traced once per signature (its tensors' shapes and dtypes, its scalars' values) and the "
             f"trace is bound to every launch's own tensors, so the {what} of a tensor argument is not known when "
             f"it runs (DESIGN.md §19). Pass what the kernel must branch on as a scalar argument (part of the key).")
@@ -166,14 +183,14 @@ class Param:
         child = self._h[key]
         if child.__class__ is Handle:  # a plain row slice: bound by slicing the bound parent the same way
             self._reg[id(child)] = (child, self._h, key)
-        return Param(child, f"{self._what}[{_key_text(key)}]", self._reg)
+        return Param(child, self._what.sliced(key), self._reg)
 
     def __len__(self) -> int:
         return self._h.shape[0]
 
     def __repr__(self) -> str:
         shape = "x".join(map(str, self._h.shape))
-        return f"Param({self._what}: {self._h.name}, {self._h.space.value} {shape} {self._h.dtype})"
+        return f"Param({str(self._what)}: {self._h.name}, {self._h.space.value} {shape} {self._h.dtype})"
 
 
 def _raise(e: Exception) -> Any:
@@ -192,13 +209,13 @@ def params(kernel: Callable[..., Any], args: tuple, kwargs: dict, leaves: Sequen
            reg: dict) -> tuple[tuple, dict]:
     """``args`` and ``kwargs`` with every tensor argument (``leaves``, in pytree order) as a :class:`Param`."""
     it = iter(leaves)
-    positional = _argument_names(kernel, args)
+    n_args = len(args)
 
     def wrap(x: Any) -> Any:
         c = x.__class__
         if isinstance(x, Handle):
             path, h = next(it)
-            return Param(h, path_text(path, positional), reg)
+            return Param(h, ArgName(kernel, n_args, path), reg)
         if c is tuple or c is list:
             return c([wrap(y) for y in x])
         if c is dict:
@@ -258,12 +275,15 @@ class Traced:
     named_after: dict[int, tuple]
     #: what the device works out once per trace (its uses relative to its arguments, ``device.device``)
     memo: dict = field(default_factory=dict)
+    #: how many launches were bound to it (a trace bound once is used as it is, never moved)
+    bound: int = 0
 
     def bind(self, leaves: Sequence[Handle]) -> tuple[Trace, dict[str, list[Handle]]]:
         """The trace bound to a launch whose tensor arguments are ``leaves`` (of this signature): the launch's
         trace (its :attr:`~kbwork.pe.program.Trace.binding` says from what) and the names its context gave."""
         leaves = tuple(leaves)
         tr = self.trace
+        self.bound += 1
         if all(a is b for a, b in zip(self.leaves, leaves)):
             return Trace(tr.all_segments, tr.plain_waits, Binding(self, leaves)), self.names
         b = Binder(self, leaves)
