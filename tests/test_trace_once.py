@@ -291,3 +291,25 @@ def test_random_tl_range_kernels_on_every_pe_from_one_trace_equal_tracing_each(k
                          else sim.hbm(name, data, dtype=d.dtype, channel=p))
         plan[p] = [Launch(fuzz_kernel, hbm, spec=k)]
     same_as_one_by_one(sim, plan)
+
+
+def test_tensor_arguments_inside_opspecs_prologue_entries_and_rw_handles_are_bound():
+    from kbwork.pe.commands import OpSpec, Scope
+
+    def k(tl, a, b, out):
+        at = tl.load(a)
+        tl.composite(ops=[OpSpec("gemm", Scope.KERNEL, {"a": at, "b": b}, {"m": 8, "k": 16, "n": 8, "trans_b": False},
+                                 out)], rw_handles=[out])
+        acc = tl.full((8, 8), 0.0, "fp32", name="acc")
+        tl.composite(op="math", math_op="copy", a=acc, out=acc, epilogue=[{"op": "add", "other": acc}])
+    sim = kbwork.Simulator(mode="data", pes=3, hbm_channels=3)
+    rng = np.random.default_rng(2)
+    plan = {p: [Launch(k, sim.hbm(f"a{p}", rng.standard_normal((8, 16)).astype(np.float32), channel=p),
+                       sim.hbm(f"b{p}", rng.standard_normal((16, 8)).astype(np.float32), channel=p),
+                       sim.hbm(f"o{p}", shape=(8, 8), dtype="fp32", channel=p))] for p in range(3)}
+    run = sim.run_device(plan)
+    for p in range(3):
+        np.testing.assert_allclose(run.read(f"o{p}"), run.read(f"a{p}") @ run.read(f"b{p}"), rtol=1e-5, atol=1e-5)
+        assert run.pe(p).commands[1].ops[0].operands["b"].name == f"b{p}"
+        assert run.pe(p).commands[1].rw_handles[0].name == f"o{p}"
+    same_as_one_by_one(sim, plan, run)

@@ -412,6 +412,21 @@ def _rename(text: str, names: dict[str, str]) -> str:
     return text
 
 
+class ReplicaNames:
+    """A replica's names beside the simulated PE's (:func:`binding_names` of the two), made on first use; shared by
+    the replica and its stage table (each holding the other would be a reference cycle)."""
+
+    __slots__ = ("_make", "_map")
+
+    def __init__(self, make: Any):
+        self._make, self._map = make, None
+
+    def __call__(self) -> dict[str, str]:
+        if self._map is None:
+            self._map, self._make = self._make(), None
+        return self._map
+
+
 class BoundTable:
     """A stage table as another PE's replica reads it: every column the simulated PE's, but ``chan`` (this PE's
     channels) and ``tensor`` (this PE's names, from its binding)."""
@@ -486,17 +501,11 @@ class Replica:
 
     def __init__(self, sched: Any, commands: Sequence, names: Any, chan_map: dict[int, int] | None = None):
         self.source = sched
-        self._names = names
-        self._map: dict[str, str] | None = None
+        #: the simulated PE's names that this PE's binding names otherwise, and how (made on first use)
+        self.names = ReplicaNames(names)
         self.table = BoundTable(sched.table, self.names, chan_map)
         self.commands = commands
         self._labels: list[str] | None = None
-
-    def names(self) -> dict[str, str]:
-        """The simulated PE's names that this PE's binding names otherwise, and how (made on first use)."""
-        if self._map is None:
-            self._map = self._names()
-        return self._map
 
     topo = property(lambda self: self.source.topo)
     loops = property(lambda self: self.source.loops)

@@ -45,27 +45,8 @@ def signature(kernel: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[An
     float is not an int). Anything else (an object of the caller's) is keyed by its identity: its launch is
     traced for itself."""
     leaves: list[tuple[tuple, Handle]] = []
-
-    def walk(x: Any, where: tuple) -> Any:
-        c = x.__class__
-        if isinstance(x, Handle):
-            leaves.append((where, x))
-            return ("T", x.space is Space.TCM, c is LoopHandle, x.shape, x.dtype)
-        if c is float or c is np.float64 or c is np.float32:
-            return (c, float(x).hex())
-        if c in _SCALARS or isinstance(x, (np.integer, np.bool_)):
-            return (c, x)
-        if c is tuple or c is list:
-            return (c, tuple([walk(y, where + (i,)) for i, y in enumerate(x)]))
-        if c is dict:
-            try:
-                return (dict, tuple([(k, walk(v, where + (k,))) for k, v in x.items()]))
-            except TypeError:
-                return ("object", id(x))
-        return ("object", id(x))
-
-    key = [kernel, tuple([walk(a, (i,)) for i, a in enumerate(args)]),
-           tuple([(k, walk(v, (k,))) for k, v in kwargs.items()])]
+    key = [kernel, tuple([_walk(a, (i,), leaves) for i, a in enumerate(args)]),
+           tuple([(k, _walk(v, (k,), leaves)) for k, v in kwargs.items()])]
     alias = []
     seen: dict[tuple, int] = {}
     spans = []
@@ -83,6 +64,27 @@ def signature(kernel: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[An
     except TypeError:  # a dict key or scalar that does not hash: traced for itself
         return ("object", id(args)), leaves
     return tuple(key), leaves
+
+
+def _walk(x: Any, where: tuple, leaves: list) -> Any:
+    """``x``'s part of a signature key; its tensors appended to ``leaves`` with their paths. (A function of the
+    module, not a closure: a closure calling itself would be a reference cycle.)"""
+    c = x.__class__
+    if isinstance(x, Handle):
+        leaves.append((where, x))
+        return ("T", x.space is Space.TCM, c is LoopHandle, x.shape, x.dtype)
+    if c is float or c is np.float64 or c is np.float32:
+        return (c, float(x).hex())
+    if c in _SCALARS or isinstance(x, (np.integer, np.bool_)):
+        return (c, x)
+    if c is tuple or c is list:
+        return (c, tuple([_walk(y, where + (i,), leaves) for i, y in enumerate(x)]))
+    if c is dict:
+        try:
+            return (dict, tuple([(k, _walk(v, where + (k,), leaves)) for k, v in x.items()]))
+        except TypeError:
+            return ("object", id(x))
+    return ("object", id(x))
 
 
 def _overlap(spans: list[tuple[bool, int, int]]) -> bool:
@@ -209,19 +211,23 @@ def params(kernel: Callable[..., Any], args: tuple, kwargs: dict, leaves: Sequen
            reg: dict) -> tuple[tuple, dict]:
     """``args`` and ``kwargs`` with every tensor argument (``leaves``, in pytree order) as a :class:`Param`."""
     it = iter(leaves)
-    n_args = len(args)
+    made = (kernel, len(args), it, reg)
+    return tuple([_wrap(a, made) for a in args]), {k: _wrap(v, made) for k, v in kwargs.items()}
 
-    def wrap(x: Any) -> Any:
-        c = x.__class__
-        if isinstance(x, Handle):
-            path, h = next(it)
-            return Param(h, ArgName(kernel, n_args, path), reg)
-        if c is tuple or c is list:
-            return c([wrap(y) for y in x])
-        if c is dict:
-            return {k: wrap(v) for k, v in x.items()}
-        return x
-    return tuple([wrap(a) for a in args]), {k: wrap(v) for k, v in kwargs.items()}
+
+def _wrap(x: Any, made: tuple) -> Any:
+    """``x`` with its tensors as :class:`Param` s (``made``: the kernel, its number of positional arguments, the
+    iterator over the leaves, the registry). A function of the module, not a closure (see :func:`_walk`)."""
+    c = x.__class__
+    if isinstance(x, Handle):
+        kernel, n_args, it, reg = made
+        path, h = next(it)
+        return Param(h, ArgName(kernel, n_args, path), reg)
+    if c is tuple or c is list:
+        return c([_wrap(y, made) for y in x])
+    if c is dict:
+        return {k: _wrap(v, made) for k, v in x.items()}
+    return x
 
 
 def unwrap(x: Any) -> Any:
