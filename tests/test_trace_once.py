@@ -313,3 +313,23 @@ def test_tensor_arguments_inside_opspecs_prologue_entries_and_rw_handles_are_bou
         assert run.pe(p).commands[1].ops[0].operands["b"].name == f"b{p}"
         assert run.pe(p).commands[1].rw_handles[0].name == f"o{p}"
     same_as_one_by_one(sim, plan, run)
+
+
+def test_a_tensor_named_like_a_buffer_of_a_later_iteration_is_simulated_not_misnamed():
+    # a recipe's scratch in a body's scratch scope is named after the command it serves in each iteration
+    # (softmax_merges3.P, softmax_merges5.P, ...): a tensor named so could not be told from it in a replica
+    def k(tl, s_src, y):
+        m = tl.full((4, 1), 0.0, "fp32", name="m")
+        l = tl.full((4, 1), 0.0, "fp32", name="l")
+        O = tl.full((4, 16), 0.0, "fp32", name="O")
+        S = tl.ring(2, (4, 16), "fp32", name="S")
+        for j in tl.range(3):
+            with tl.iteration(j), tl.scratch_scope():
+                tl.composite(op="math", prologue=[{"op": "softmax_merge", "s": S[j], "m": m, "l": l, "O": O}])
+        tl.store(O, y)
+    for names in (["s0", "s1"], ["softmax_merges4.P", "s1"]):
+        sim = kbwork.Simulator(mode="timing", pes=2, hbm_channels=2)
+        plan = {p: [Launch(k, sim.hbm(names[p], shape=(4, 16), dtype="fp32", channel=p),
+                           sim.hbm(f"y{p}", shape=(4, 16), dtype="fp32", channel=p))] for p in range(2)}
+        run = same_as_one_by_one(sim, plan)
+        assert run.reductions.replicated_from == ({1: 0} if names[0] == "s0" else {})

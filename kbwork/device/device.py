@@ -350,6 +350,7 @@ def group_key(group: Sequence[int], programs: dict[int, Sequence[Program]], shar
     channel_ids: dict[int, int] = {}
     for pe in group:
         taken: set[str] = set()
+        stems: set[str] = set()
         names: set[str] = set()
         for prog in programs[pe]:
             b = prog.trace.binding
@@ -361,8 +362,10 @@ def group_key(group: Sequence[int], programs: dict[int, Sequence[Program]], shar
                 key.append((tensor_ids.setdefault((h.addr, h.nbytes), len(tensor_ids)),
                             channel_ids.setdefault(c, len(channel_ids)), c in shared))
             taken |= b.traced.taken_names
+            stems.update(b.traced.taken_stems)
             names.update(h.name for h in b.leaves)
-        if any("|" in n or "[" in n for n in names) or not taken.isdisjoint(names):
+        if any("|" in n or "[" in n for n in names) or not taken.isdisjoint(names) or \
+                any(n.startswith(stem) for stem in stems for n in names):
             return None, ()
         key.append(None)  # the end of a PE's launches
     return tuple(key), tuple(channel_ids)

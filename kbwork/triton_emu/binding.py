@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..errors import TraceError
-from ..memory import Handle, LoopHandle, Space
+from ..memory import CommandName, Handle, LoopHandle, Space
 from ..pe.commands import Completion, CompositeCmd, DmaCmd, OpSpec
 from ..pe.program import Loop, Plain, Trace, commands_of, handles_of
 
@@ -352,6 +352,14 @@ class Traced:
                     out.add(base[:at])
                     at = base.find("_tcm", at + 1)
         return frozenset(out)
+
+    @functools.cached_property
+    def taken_stems(self) -> tuple[str, ...]:
+        """The stems of the names a buffer takes after the command it serves in each iteration of a loop
+        (``softmax_merges`` of ``softmax_merges9.P``, ``softmax_merges13.P``, ...): a tensor argument whose name
+        starts with one could be taken for such a buffer's name in some iteration."""
+        return tuple(sorted({h.prefix.stem for h in handles_of(self.trace)
+                             if h.__class__ is LoopHandle and isinstance(h.prefix, CommandName)}))
 
     def _made_from(self, h: Handle, leaf: set[int]) -> bool:
         """Whether ``h`` was made from a tensor argument (``leaf``: their ids)."""
