@@ -304,6 +304,7 @@ class Simulator:
         tcms: list[Any] = []
         several = len(plan) > 1 or any(len(v) > 1 for v in plan.values())
         traces: dict[Any, Traced] = {}
+        staging_at: dict[int, int] = {}  # trace id -> the address of its launch's staging buffers
         cache = self._trace_cache
         for pe, lst in plan.items():
             programs[pe], memories[pe] = [], []
@@ -316,6 +317,7 @@ class Simulator:
                 if traced is None:
                     try:
                         traced, tcm, staging = self._trace(launch, leaves, label, len(traces))
+                        staging_at[traced.id] = staging.addr
                     except Exception as e:
                         if label is not None:
                             _name_the_launch(e, label)
@@ -325,12 +327,15 @@ class Simulator:
                         raise SimulationError(f"kernel {kname!r} emitted no commands"
                                               + (f" (PE {pe}, launch {i})." if several else "."))
                     traces[key] = traced
-                else:  # the launch's own TCM (its numbers, in data mode), laid out as the traced one's
-                    tcm, staging = self._new_launch(label)
+                elif data:  # the launch's own TCM for its numbers, laid out as the traced one's
+                    tcm, _ = self._new_launch(label)
+                else:  # timing mode keeps no bytes: the traced launch's TCM layout serves
+                    tcm = None
                 trace, given = traced.bind([h for _, h in leaves])
-                programs[pe].append(Program(trace, self.topo, with_effects=data, staging_base=staging.addr))
+                programs[pe].append(Program(trace, self.topo, with_effects=data, staging_base=staging_at[traced.id]))
                 memories[pe].append(LaunchMemory(self.memory.hbm, tcm))
-                tcms.append(tcm)
+                if tcm is not None:
+                    tcms.append(tcm)
                 for n, hs in given.items():
                     names.setdefault(n, []).extend(hs)
         return programs, memories, names, tcms

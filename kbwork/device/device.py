@@ -349,9 +349,8 @@ def group_key(group: Sequence[int], programs: dict[int, Sequence[Program]], shar
     tensor_ids: dict[tuple, int] = {}
     channel_ids: dict[int, int] = {}
     for pe in group:
-        taken: set[str] = set()
-        stems: set[str] = set()
-        names: set[str] = set()
+        traced = []
+        names: list[str] = []
         for prog in programs[pe]:
             b = prog.trace.binding
             if b is None or b.layout() is None:
@@ -361,11 +360,13 @@ def group_key(group: Sequence[int], programs: dict[int, Sequence[Program]], shar
                 c = h.channel
                 key.append((tensor_ids.setdefault((h.addr, h.nbytes), len(tensor_ids)),
                             channel_ids.setdefault(c, len(channel_ids)), c in shared))
-            taken |= b.traced.taken_names
-            stems.update(b.traced.taken_stems)
-            names.update(h.name for h in b.leaves)
-        if any("|" in n or "[" in n for n in names) or not taken.isdisjoint(names) or \
-                any(n.startswith(stem) for stem in stems for n in names):
+            traced.append(b.traced)
+            names += [h.name for h in b.leaves]
+        # a name any launch of the PE fixes must not be taken for one made from any of its tensors
+        for t in traced:
+            if not t.taken_names.isdisjoint(names) or any(n.startswith(st) for st in t.taken_stems for n in names):
+                return None, ()
+        if any("|" in n or "[" in n for n in names):
             return None, ()
         key.append(None)  # the end of a PE's launches
     return tuple(key), tuple(channel_ids)

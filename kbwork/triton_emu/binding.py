@@ -293,13 +293,28 @@ class Traced:
         if all(a is b for a, b in zip(self.leaves, leaves)):
             return Trace(tr.all_segments, tr.plain_waits, Binding(self, leaves)), self.names
         b = Binder(self, leaves)
-        names: dict[str, list[Handle]] = {}
-        for hs in self.names.values():
-            for h in hs:
-                g = b.handle(h)
-                names.setdefault(g.name, []).append(g)
+        fixed, moving = self._names_split
+        names = dict(fixed)  # (the lists are shared: a run's names extend lists of their own)
+        for h in moving:
+            g = b.handle(h)
+            names.setdefault(g.name, []).append(g)
         # its commands are substituted when first read: a launch the device replicates is never read
         return Trace(b.segments, tr.plain_waits, Binding(self, leaves), n_commands=tr.n_commands), names
+
+    @functools.cached_property
+    def _names_split(self) -> tuple[dict[str, list[Handle]], list[Handle]]:
+        """:attr:`names` as the names no binding changes (name -> handles) and the handles made from a tensor
+        argument (which a binding makes again, named after its own tensors)."""
+        leaf = {id(x) for x in self.leaves}
+        fixed: dict[str, list[Handle]] = {}
+        moving: list[Handle] = []
+        for n, hs in self.names.items():
+            for h in hs:
+                if self._made_from(h, leaf):
+                    moving.append(h)
+                else:
+                    fixed.setdefault(n, []).append(h)
+        return fixed, moving
 
     @functools.cached_property
     def constants(self) -> tuple[Handle, ...]:
