@@ -527,11 +527,16 @@ def cases(variants: Sequence[str], placements: Sequence[str], where: str) -> lis
     return out
 
 
-def compare_row(s: Step) -> dict[str, Any]:
-    """One row of :func:`compare` for step ``s``."""
+#: The columns :func:`compare` adds after ``schedule`` when it is given ``mappings`` or ``merges``.
+MAPPING_COLUMNS = ["mapping", "merge"]
+
+
+def compare_row(s: Step, mapping: bool = False) -> dict[str, Any]:
+    """One row of :func:`compare` for step ``s`` (with its ``mapping`` and ``merge`` when ``mapping``)."""
     attn = (s.attention_cycles / s.device.clock_hz if s.placement == AHBM else s.host_attention.seconds) * 1e6
+    how = {"mapping": s.mapping, "merge": s.merge} if mapping else {}
     return {"variant": s.variant if s.placement == AHBM else NO_VARIANT, "placement": s.placement,
-            "schedule": s.schedule, "seconds": s.seconds, "tokens_per_s": s.tokens_per_s,
+            "schedule": s.schedule, **how, "seconds": s.seconds, "tokens_per_s": s.tokens_per_s,
             "attention_us_per_layer": attn, "bound_kind": s.bound_kind, "bound": s.bound, "fits": s.fits,
             "joules": s.joules, "tokens_per_j": s.tokens_per_j, "watts": s.watts}
 
@@ -539,8 +544,15 @@ def compare_row(s: Step) -> dict[str, Any]:
 def compare(model: str | Model, contexts: Sequence[int], *, variants: Sequence[str] = DEFAULT_VARIANTS,
             placements: Sequence[str] = PLACEMENTS, schedule: str = "serial", device: Any = DEVICE_V1,
             host: Any = "h200", tile: int = 128, weight_dtype: str | None = None, kv_dtype: str | None = None,
+            mappings: Sequence[str] | None = None, merges: Sequence[str] | None = None,
             **overrides: Any) -> pd.DataFrame:
     """Every variant on the device and the host alone, on one batch: a DataFrame, one row per case.
+
+    ``mappings`` (``"sequence"``, ``"split"``) and ``merges`` (``"device"``, ``"host"``), when given, are two
+    more axes of the device's cases (DESIGN.md §16): every variant under every mapping, a split one under
+    every merge (``"sequence"`` splits nothing: its row has the first merge); the rows then carry
+    ``mapping`` and ``merge`` after ``schedule``. ``None`` (the default): the sequence mapping alone and no
+    such columns.
 
     Columns: ``variant`` (``"-"`` for the host placement, where no PE variant runs), ``placement``,
     ``schedule``, ``seconds``, ``tokens_per_s``, ``attention_us_per_layer``, ``bound_kind``, ``bound``,
@@ -556,12 +568,37 @@ def compare(model: str | Model, contexts: Sequence[int], *, variants: Sequence[s
     """
     refuse_misnamed(overrides, "model.compare")
     todo = cases(variants, placements, "model.compare")
+    ways = mapping_cases(mappings, merges, "model.compare")
     tile = _check_tile(tile, "model.compare")
     ctx = check_contexts(contexts, tile, "model.compare")
     if any(p == AHBM for _, p in todo):
         check_device_tasks(len(ctx), load_model(model).kv_heads, "model.compare")
     load_device(device, **dict(overrides))
     model = with_dtypes(load_model(model), weight_dtype, kv_dtype)
+    show = mappings is not None or merges is not None
     rows = [compare_row(step(model, contexts, variant=v, device=device, host=host, placement=p, schedule=schedule,
-                             tile=tile, check_capacity=False, **overrides)) for v, p in todo]
-    return pd.DataFrame(rows, columns=COMPARE_COLUMNS)
+                             tile=tile, check_capacity=False, mapping=mp, merge=mg, **overrides), show)
+            for v, p in todo for mp, mg in (ways if p == AHBM else ways[:1])]
+    columns = COMPARE_COLUMNS[:3] + MAPPING_COLUMNS + COMPARE_COLUMNS[3:] if show else COMPARE_COLUMNS
+    return pd.DataFrame(rows, columns=columns)
+
+
+def mapping_cases(mappings: Sequence[str] | None, merges: Sequence[str] | None, where: str) -> list[tuple[str, str]]:
+    """The (mapping, merge) pairs a comparison runs on the device: every mapping, a split one under every merge
+    (``None``: ``("sequence",)`` and ``("device",)``).
+
+    Raises:
+        ValidationError: an empty, repeated or unknown mapping or merge.
+    """
+    out = []
+    lists = []
+    for what, given, choices, default in (("mappings", mappings, MAPPINGS, "sequence"),
+                                          ("merges", merges, MERGES, "device")):
+        given = (default,) if given is None else given
+        if isinstance(given, str) or not isinstance(given, (list, tuple)) or not given or len(set(given)) != len(given):
+            raise ValidationError(f"{where}: {what} must be a non-empty list or tuple of distinct values of "
+                                  f"{choices}, got {given!r}.")
+        lists.append([_check_choice(what[:-1], g, choices, where) for g in given])
+    for mp in lists[0]:
+        out += [(mp, mg) for mg in lists[1]] if mp == "split" else [(mp, lists[1][0])]
+    return out
