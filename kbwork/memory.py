@@ -22,7 +22,7 @@ import enum
 import math
 import weakref
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Any, Iterator
 
 import ml_dtypes
 import numpy as np
@@ -805,3 +805,68 @@ class Memory:
     def iter_arenas(self) -> Iterator[Arena]:
         yield self.hbm
         yield self.tcm
+
+
+# --- host data placed in HBM (sim.hbm) --------------------------------------------------------------------
+#: Bytes of input placed (checked and rounded) at a time.
+PLACE_CHUNK_BYTES = 1 << 23
+
+
+def chunks(arr: np.ndarray, nbytes: int = PLACE_CHUNK_BYTES) -> Iterator[slice]:
+    """Row slices of ``arr`` (its first axis) of about ``nbytes`` each."""
+    n = arr.shape[0] if arr.ndim else 1
+    row = max(1, arr.nbytes // max(n, 1))
+    step = max(1, nbytes // row)
+    for r0 in range(0, n, step):
+        yield slice(r0, min(n, r0 + step))
+
+
+def _finite(x: np.ndarray) -> bool:
+    """Whether every value of ``x`` is finite (bf16 read on its bits: numpy's own check on it is slow)."""
+    if x.dtype == DTYPES["bf16"]:
+        return bool(((x.view(np.uint16) & 0x7F80) != 0x7F80).all())
+    return bool(np.isfinite(x).all())
+
+
+def place(name: str, arr: np.ndarray, dtype: str, out: np.ndarray | None) -> None:
+    """Check ``arr`` (finite, representable in ``dtype``) and write it rounded to ``dtype`` into ``out`` (if given),
+    a chunk of rows at a time. Values go through float32 first, as the PE's numbers do.
+
+    Raises:
+        ValidationError: NaN or inf in the array, or values that overflow ``dtype``.
+    """
+    target = DTYPES[dtype]
+    a = arr if arr.ndim else arr.reshape(1)
+    dst_all = None if out is None else out.reshape(a.shape)
+    for sl in chunks(a):
+        c = a[sl]
+        with np.errstate(over="ignore", invalid="ignore"):  # what overflows is refused just below
+            v = c if c.dtype == np.float32 else c.astype(np.float32)
+            if dst_all is None:
+                dst = v if target == np.float32 else v.astype(target)
+            else:
+                dst = dst_all[sl]
+                dst[...] = v
+        if not _finite(dst):
+            if (c.dtype.kind == "f" or c.dtype == DTYPES["bf16"]) and not _finite(c):
+                raise ValidationError(f"sim.hbm({name!r}): the array holds NaN or inf; pass finite values.")
+            big = max(float(np.max(np.abs(a[x].astype(np.float64)))) for x in chunks(a))
+            raise ValidationError(f"sim.hbm({name!r}): values up to {big:.4g} overflow {dtype} "
+                                  f"(largest finite {DTYPE_MAX[dtype]:.4g}); they would be "
+                                  f"stored as inf. Scale the data or use a wider dtype.")
+
+
+def host_array(name: str, array: Any) -> np.ndarray:
+    """``array`` as a numpy array of real numbers, or a ValidationError saying what it is instead."""
+    try:
+        arr = np.asarray(array)
+    except (ValueError, TypeError) as exc:
+        raise ValidationError(f"sim.hbm({name!r}): cannot read the data as an array ({exc}); pass a 1-D or 2-D "
+                              f"numpy array of numbers.") from None
+    if np.iscomplexobj(arr):
+        raise ValidationError(f"sim.hbm({name!r}): the array is complex ({arr.dtype}); the PE holds real numbers "
+                              f"only. Pass .real and .imag as two tensors.")
+    if arr.dtype.kind not in "iuf" and arr.dtype != DTYPES["bf16"]:
+        raise ValidationError(f"sim.hbm({name!r}): the array holds {arr.dtype} values, not real numbers; pass "
+                              f"ints or floats.")
+    return arr

@@ -17,17 +17,18 @@ import pandas as pd
 
 from .config import Topology, load_topology
 from .errors import KbworkError, SimulationError, ValidationError
-from .memory import DTYPE_MAX, DTYPES, Handle, LoopHandle, Memory, Space, canonical_dtype, check_shape
+from .memory import (DTYPES, Handle, LoopHandle, Memory, Space, canonical_dtype, check_shape, chunks,  # noqa: F401
+                     host_array, place)  # (chunks: decode reads host arrays a chunk at a time, as placement does)
 from .oplog import build_op_log, concat_op_logs, to_csv, to_perfetto
 from .device import CAUSES, Bindings, Timeline
-from .device.device import Follow, Reductions, simulate_device
+from .device.device import Reductions, simulate_device
 from .device.loop import LaunchMemory
 from .device.replay import FlowMismatch, counters_from, loads_from
 from .device.steady import SteadyState, check_steady_state, simulate_pe
-from .pe.scheduler import Program
+from .pe.scheduler import Program, ScheduleView
 from .pe.stages import unit_names
 from .pe.tiling import StagingRing
-from .triton_emu.follow import Follower, Pairing, Recording, Tensors
+from .triton_emu.binding import Traced, params, signature, unwrap
 from .triton_emu.tl_context import TLContext
 
 MODES = ("data", "timing")
@@ -88,6 +89,9 @@ class Simulator:
         self._hbm: dict[str, Handle] = {}
         #: per finished run, the HBM byte ranges it wrote (so an earlier run's reads can tell what moved)
         self._hbm_writes: list[tuple[tuple[int, int], ...]] = []
+        #: a device run traces a kernel once per abstract signature (DESIGN.md §19); False traces every launch by
+        #: itself, the plain reference the cache reproduces (for tests)
+        self._trace_cache = True
 
     def __repr__(self) -> str:
         return f"Simulator({self.topo.name}, mode={self.mode!r}, {len(self._hbm)} HBM tensors)"
@@ -125,7 +129,7 @@ class Simulator:
             dtype = canonical_dtype("fp32" if dtype is None else dtype)
             shape = check_shape(name, shape)
         else:
-            arr = _host_array(name, array)
+            arr = host_array(name, array)
             if shape is not None and check_shape(name, shape) != arr.shape:
                 raise ValidationError(f"sim.hbm({name!r}): shape={shape!r} disagrees with the array's shape "
                                       f"{arr.shape}; pass one or the other.")
@@ -186,7 +190,8 @@ class Simulator:
         Every PE starts at cycle 0; a launch's first DISPATCH is ready when the launch before it on that PE has
         ended, and it sees a fresh TCM, staging ring, queue and hazard state. PEs share the HBM channels' bandwidth,
         never data: before anything is simulated, a run is refused if a PE writes bytes another PE reads or
-        writes. Each kernel is called exactly once per launch.
+        writes. A kernel is called once per abstract signature of its launches (DESIGN.md §19: the kernel, its tensor
+        arguments' shapes and dtypes, its scalars' values), and that trace is bound to each launch's tensors.
 
         Args:
             launches: PE -> its :class:`Launch` es, a list (PEs ``0 .. pes - 1`` of the topology; PEs not named run
@@ -222,16 +227,20 @@ class Simulator:
         tcm = self.memory.new_tcm(label)
         return tcm, tcm.alloc("<staging buffers>", (StagingRing.bytes_for(self.topo) // 4,), "fp32")
 
-    def _trace(self, kernel, args, kwargs, label: str | None = None, *, record: Recording | None = None,
-               follow: Follower | None = None) -> tuple[TLContext, Any, Handle]:
-        """Call the kernel once on a fresh TCM: its context (trace, names), the TCM and the staging buffers.
-        ``record``: the context records its calls there; ``follow``: it follows a recorded launch.
+    def _trace(self, launch: "Launch", leaves: list, label: str | None, number: int) -> tuple[Traced, Any, Handle]:
+        """Call the launch's kernel once on a fresh TCM, its tensor arguments (``leaves``, from
+        :func:`~kbwork.triton_emu.binding.signature`) as parameters: the trace of its signature (numbered
+        ``number``), the TCM and the staging buffers.
 
         Raises:
             ValidationError: the kernel cannot be called with these arguments (its signature refuses them).
+            TraceError: the kernel read a tensor argument's address, channel or contents.
         """
+        kernel = launch.kernel
         tcm, staging = self._new_launch(label)
-        tl = TLContext(self.topo, self.memory, record=record, follow=follow)
+        tl = TLContext(self.topo, self.memory)
+        derived: dict[int, tuple] = {}
+        args, kwargs = params(kernel, launch.args, launch.kwargs, leaves, derived)
         try:
             kernel(tl, *args, **kwargs)
         except TypeError:
@@ -244,7 +253,8 @@ class Simulator:
             raise ValidationError(f"{label + ': ' if label else ''}kernel {name!r} cannot be called as "
                                   f"{name}({given}): {why}. Its signature is {name}{signature}; a kernel is "
                                   f"def k(tl, *handles, **scalars) (DESIGN.md §2).") from None
-        return tl, tcm, staging
+        traced = Traced(number, tl.trace(), tuple(h for _, h in leaves), tl.names, derived, tl.named_after)
+        return traced, tcm, staging
 
     def _run(self, kernel, args, kwargs, steady_state: bool = True) -> "Run":
         return self._run_device({0: [Launch(kernel, *args, **kwargs)]}, steady_state)
@@ -253,14 +263,12 @@ class Simulator:
         with gc_paused():
             t0 = perf_counter()
             data = self.mode == "data"
-            # a launch follows an earlier one of its kind only where the run may replicate it (DESIGN.md §14)
-            follow = reductions and not data and len(plan) > 1
-            programs, memories, names, tcms, follows = self._programs(plan, follow)
+            programs, memories, names, tcms = self._programs(plan)
             t1 = perf_counter()
             results, red = simulate_device(programs, self.topo, list(self._hbm.values()),
                                            memories if data else None, steady_state=steady_state and not data,
                                            why_full="data mode computes every number" if data else
-                                           "steady_state=False", reduce=reductions, follows=follows)
+                                           "steady_state=False", reduce=reductions)
             t2 = perf_counter()
             writes: tuple = ()
             snapshot: tuple = ()
@@ -273,76 +281,64 @@ class Simulator:
             runs = {}
             offset = 0
             hbm_names = dict(self._hbm)  # the tensors as this run saw them (read-only: one copy serves every PE)
+            timings = {"emit": t1 - t0, "simulate": t2 - t1}
             for pe in sorted(results):
                 timeline, sched, state = results[pe]
-                r = Run(self, sched, timeline, hbm_names, names, tcms, index, snapshot)
-                r.steady_state = state
-                r._source = programs[pe]
-                r.pe_index, r.seq_offset = pe, offset
+                r = Run(self, sched, timeline, hbm_names, names, tcms, index, snapshot, steady_state=state,
+                        source=programs[pe], pe=pe, seq_offset=offset, reductions=red, timings=timings)
                 offset += r.n_stages
                 runs[pe] = r
-            run = runs[0] if list(runs) == [0] else DeviceRun(self, runs, red)
-            run.reductions = red
-            run.timings = {"emit": t1 - t0, "simulate": t2 - t1}
-            return run
+            return runs[0] if list(runs) == [0] else DeviceRun(self, runs, red, timings=timings)
 
-    def _programs(self, plan: dict[int, list["Launch"]], follow: bool = False) -> tuple[dict, dict, dict, list, dict]:
-        """Trace every launch of ``plan`` (each kernel called once, on a fresh TCM): PE -> its programs, PE -> each
-        launch's memory, the names the kernels gave, the TCMs, and the PEs that followed an earlier one.
+    def _programs(self, plan: dict[int, list["Launch"]]) -> tuple[dict, dict, dict, list]:
+        """Trace ``plan``'s launches, a kernel once per abstract signature (DESIGN.md §19), and bind each launch to
+        its signature's trace: PE -> its programs, PE -> each launch's memory, the names the kernels gave, the
+        TCMs (each launch has its own).
 
-        With ``follow``, the first PE whose launches have a given kind (:func:`_launches_kind`: kernels and the
-        shapes of their arguments) records its calls, and every later PE of that kind follows them
-        (``triton_emu.follow``). A PE that followed to the end of its last launch is returned as a
-        :class:`~kbwork.device.device.Follow` of the recorded PE, with the tensors and channels it pairs."""
+        The cache lives with this call (a new run traces again); ``self._trace_cache = False`` traces every launch
+        by itself (the reference the cache must reproduce)."""
         data = self.mode == "data"
         programs: dict[int, list[Program]] = {}
         memories: dict[int, list[Any]] = {}
         names: dict[str, list[Handle]] = {}
         tcms: list[Any] = []
         several = len(plan) > 1 or any(len(v) > 1 for v in plan.values())
-        kinds: dict[Any, int] = {}  # a kind of launch list -> the PE that recorded it
-        recordings: dict[int, list[Recording]] = {}
-        follows: dict[int, Follow] = {}
-        tensors = Tensors(list(self._hbm.values())) if follow else None
+        traces: dict[Any, Traced] = {}
+        staging_at: dict[int, int] = {}  # trace id -> the address of its launch's staging buffers
+        cache = self._trace_cache
         for pe, lst in plan.items():
             programs[pe], memories[pe] = [], []
-            kind = _launches_kind(lst) if follow else None
-            ref = kinds.get(kind) if kind is not None else None
-            if kind is not None and ref is None:
-                kinds[kind] = pe
-                recordings[pe] = [Recording() for _ in lst]
-            pairing = Pairing(tensors) if ref is not None else None
-            followed = ref is not None
             for i, launch in enumerate(lst):
                 label = f"PE {pe}, launch {i}" if several else None
-                record = recordings[pe][i] if ref is None and pe in recordings else None
-                follower = Follower(recordings[ref][i], pairing) if ref is not None else None
-                try:
-                    tl, tcm, staging = self._trace(launch.kernel, launch.args, launch.kwargs, label, record=record,
-                                                   follow=follower)
-                except Exception as e:
-                    if follower is not None:
-                        follower.release()
-                    if label is not None:
-                        _name_the_launch(e, label)
-                    raise
-                if record is not None:
-                    record.finish(tl)
-                if follower is not None:
-                    followed = follower.finish() and followed
-                trace = tl.trace()
-                if not trace.n_commands:
-                    kname = getattr(launch.kernel, "__name__", launch.kernel)
-                    raise SimulationError(f"kernel {kname!r} emitted no commands"
-                                          + (f" (PE {pe}, launch {i})." if several else "."))
-                programs[pe].append(Program(trace, self.topo, with_effects=data, staging_base=staging.addr))
+                key, leaves = signature(launch.kernel, launch.args, launch.kwargs)
+                if not cache:
+                    key = (pe, i)
+                traced = traces.get(key)
+                if traced is None:
+                    try:
+                        traced, tcm, staging = self._trace(launch, leaves, label, len(traces))
+                        staging_at[traced.id] = staging.addr
+                    except Exception as e:
+                        if label is not None:
+                            _name_the_launch(e, label)
+                        raise
+                    if not traced.trace.n_commands:
+                        kname = getattr(launch.kernel, "__name__", launch.kernel)
+                        raise SimulationError(f"kernel {kname!r} emitted no commands"
+                                              + (f" (PE {pe}, launch {i})." if several else "."))
+                    traces[key] = traced
+                elif data:  # the launch's own TCM for its numbers, laid out as the traced one's
+                    tcm, _ = self._new_launch(label)
+                else:  # timing mode keeps no bytes: the traced launch's TCM layout serves
+                    tcm = None
+                trace, given = traced.bind([h for _, h in leaves])
+                programs[pe].append(Program(trace, self.topo, with_effects=data, staging_base=staging_at[traced.id]))
                 memories[pe].append(LaunchMemory(self.memory.hbm, tcm))
-                tcms.append(tcm)
-                for n, hs in tl.names.items():
+                if tcm is not None:
+                    tcms.append(tcm)
+                for n, hs in given.items():
                     names.setdefault(n, []).extend(hs)
-            if followed:
-                follows[pe] = Follow(ref, dict(pairing.tensors), dict(pairing.channels))
-        return programs, memories, names, tcms, follows
+        return programs, memories, names, tcms
 
     def _read_hbm(self, h: Handle, run: "Run") -> np.ndarray:
         """``h``'s bytes as ``run`` left them: what it wrote from its snapshot, the rest from HBM if no later run moved it."""
@@ -365,34 +361,6 @@ class Simulator:
                         f"in HBM after run {run._index + 1}, which did not write it. Read results before running "
                         f"again, or give each run its own Simulator.")
         return raw.view(DTYPES[h.dtype]).reshape(h.shape)
-
-
-def _launches_kind(launches: Sequence["Launch"]) -> Any:
-    """What a PE's launches are, for finding a PE they may follow (``triton_emu.follow``): each launch's kernel
-    and the kinds of its arguments (a handle's space, shape and dtype; a scalar's value; a list's items). A
-    guess only: following checks every call. None when it cannot be told (an argument that is not hashable)."""
-    try:
-        kind = tuple((launch.kernel, _kind_of(launch.args), _kind_of(launch.kwargs)) for launch in launches)
-        hash(kind)
-    except TypeError:
-        return None
-    return kind
-
-
-_SCALARS = frozenset({str, int, float, bool, type(None)})
-
-
-def _kind_of(x: Any, depth: int = 0) -> Any:
-    xc = x.__class__
-    if xc is Handle or xc is LoopHandle or isinstance(x, Handle):
-        return (xc, x.span[0], x.shape, x.dtype)  # (span[0]: in TCM; an enum hashes in Python)
-    if xc in _SCALARS or isinstance(x, (str, int, float, bool)):
-        return (xc, x)
-    if depth < 3 and (xc is tuple or xc is list):
-        return (xc, tuple([_kind_of(y, depth + 1) for y in x]))
-    if depth < 3 and xc is dict:
-        return (dict, tuple([(k, _kind_of(v, depth + 1)) for k, v in x.items()]))
-    return xc
 
 
 def _name_the_launch(e: BaseException, label: str) -> None:
@@ -452,70 +420,6 @@ def _perfetto_counters(run: "Run") -> dict:
                                         "to_perfetto"))
     except FlowMismatch:
         return {}
-
-
-#: Bytes of input placed (checked and rounded) at a time.
-PLACE_CHUNK_BYTES = 1 << 23
-
-
-def chunks(arr: np.ndarray, nbytes: int = PLACE_CHUNK_BYTES) -> Iterator[slice]:
-    """Row slices of ``arr`` (its first axis) of about ``nbytes`` each."""
-    n = arr.shape[0] if arr.ndim else 1
-    row = max(1, arr.nbytes // max(n, 1))
-    step = max(1, nbytes // row)
-    for r0 in range(0, n, step):
-        yield slice(r0, min(n, r0 + step))
-
-
-def _finite(x: np.ndarray) -> bool:
-    """Whether every value of ``x`` is finite (bf16 read on its bits: numpy's own check on it is slow)."""
-    if x.dtype == DTYPES["bf16"]:
-        return bool(((x.view(np.uint16) & 0x7F80) != 0x7F80).all())
-    return bool(np.isfinite(x).all())
-
-
-def place(name: str, arr: np.ndarray, dtype: str, out: np.ndarray | None) -> None:
-    """Check ``arr`` (finite, representable in ``dtype``) and write it rounded to ``dtype`` into ``out`` (if given),
-    a chunk of rows at a time. Values go through float32 first, as the PE's numbers do.
-
-    Raises:
-        ValidationError: NaN or inf in the array, or values that overflow ``dtype``.
-    """
-    target = DTYPES[dtype]
-    a = arr if arr.ndim else arr.reshape(1)
-    dst_all = None if out is None else out.reshape(a.shape)
-    for sl in chunks(a):
-        c = a[sl]
-        with np.errstate(over="ignore", invalid="ignore"):  # what overflows is refused just below
-            v = c if c.dtype == np.float32 else c.astype(np.float32)
-            if dst_all is None:
-                dst = v if target == np.float32 else v.astype(target)
-            else:
-                dst = dst_all[sl]
-                dst[...] = v
-        if not _finite(dst):
-            if (c.dtype.kind == "f" or c.dtype == DTYPES["bf16"]) and not _finite(c):
-                raise ValidationError(f"sim.hbm({name!r}): the array holds NaN or inf; pass finite values.")
-            big = max(float(np.max(np.abs(a[x].astype(np.float64)))) for x in chunks(a))
-            raise ValidationError(f"sim.hbm({name!r}): values up to {big:.4g} overflow {dtype} "
-                                  f"(largest finite {DTYPE_MAX[dtype]:.4g}); they would be "
-                                  f"stored as inf. Scale the data or use a wider dtype.")
-
-
-def _host_array(name: str, array: Any) -> np.ndarray:
-    """``array`` as a numpy array of real numbers, or a ValidationError saying what it is instead."""
-    try:
-        arr = np.asarray(array)
-    except (ValueError, TypeError) as exc:
-        raise ValidationError(f"sim.hbm({name!r}): cannot read the data as an array ({exc}); pass a 1-D or 2-D "
-                              f"numpy array of numbers.") from None
-    if np.iscomplexobj(arr):
-        raise ValidationError(f"sim.hbm({name!r}): the array is complex ({arr.dtype}); the PE holds real numbers "
-                              f"only. Pass .real and .imag as two tensors.")
-    if arr.dtype.kind not in "iuf" and arr.dtype != DTYPES["bf16"]:
-        raise ValidationError(f"sim.hbm({name!r}): the array holds {arr.dtype} values, not real numbers; pass "
-                              f"ints or floats.")
-    return arr
 
 
 def _merge(ranges: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
@@ -594,11 +498,15 @@ class Run:
             end and ready of every stage, its unit, the hazard holds).
     """
 
-    def __init__(self, sim: Simulator, prog: Program, timeline: Timeline, hbm_names: dict[str, Handle],
-                 tcm_names: dict[str, list[Handle]], tcms: Sequence[Any], index: int = 0, snapshot: tuple = ()):
+    def __init__(self, sim: Simulator, prog: ScheduleView, timeline: Timeline, hbm_names: dict[str, Handle],
+                 tcm_names: dict[str, list[Handle]], tcms: Sequence[Any], index: int = 0, snapshot: tuple = (), *,
+                 steady_state: SteadyState | None = None, source: Sequence[Program] = (), pe: int = 0,
+                 seq_offset: int = 0, reductions: Reductions | None = None, timings: dict[str, float] | None = None,
+                 mode: str | None = None):
         self.sim = sim
         self.topology = sim.topo
-        self.mode = sim.mode
+        self.mode = sim.mode if mode is None else mode
+        #: what the run simulated: the full schedule, an expanded steady one or a replica (``ScheduleView``)
         self.program = prog
         # what the timeline recorded, as arrays (a million-entry list would be walked by the garbage
         # collector once the run re-enables it); a steady-state run builds them on first use
@@ -608,18 +516,19 @@ class Run:
         self._tcms = list(tcms)
         self._index = index
         #: the PE it ran on, and where its stages start in the device's numbering
-        self.pe_index, self.seq_offset = 0, 0
+        self.pe_index, self.seq_offset = pe, seq_offset
         #: which exact reductions the device run used (``device.device.Reductions``)
-        self.reductions: Reductions | None = None
+        self.reductions = reductions
+        #: the programs (one per launch) the run simulated (``what_if`` simulates them again)
+        self._source = tuple(source)
         self._snapshot = snapshot
         self._op_log: pd.DataFrame | None = None
         self._bindings: Bindings | None = None
-        cycles = getattr(timeline, "cycles", None)
-        self.cycles = cycles if cycles is not None else (int(timeline.end.max()) if len(timeline.end) else 0)
-        #: for a decode run in timing mode, how it was computed (``steady.SteadyState``); else None
-        self.steady_state = None
+        self.cycles = timeline.cycles
+        #: in timing mode, how it was computed (``steady.SteadyState``); else None
+        self.steady_state = steady_state
         #: wall-clock seconds of each phase (emit, schedule, simulate, op_log), for benchmarks
-        self.timings: dict[str, float] = {}
+        self.timings: dict[str, float] = dict(timings or {})
 
     def __repr__(self) -> str:
         how = f"; {self.steady_state.path}" if self.steady_state is not None else ""
@@ -689,11 +598,7 @@ class Run:
         The same numbers as the op_log's DISPATCH rows (``end - start``),
         without building the op_log.
         """
-        tl = self.timeline
-        if hasattr(tl, "dispatch_cycles"):  # a steady-state run: from the simulated commands, repeated
-            return tl.dispatch_cycles()
-        d = np.asarray(self.program.dispatch_seq, dtype=np.int64)
-        return self._end[d] - self._start[d]
+        return self.timeline.dispatch_cycles(self.program)
 
     def read(self, handle_or_name: Handle | str) -> np.ndarray:
         """A copy of a tensor's contents at the end of this run, in its own dtype (bf16 via ml_dtypes).
@@ -712,7 +617,8 @@ class Run:
         if self.mode != "data":
             raise SimulationError("this run was simulated in timing mode, which computes no numbers; "
                                   "use Simulator(mode='data').")
-        h = self._lookup(handle_or_name) if isinstance(handle_or_name, str) else handle_or_name
+        # (a tensor argument the kernel kept is a parameter of its trace: the tensor of the launch traced)
+        h = self._lookup(handle_or_name) if isinstance(handle_or_name, str) else unwrap(handle_or_name)
         if isinstance(h, LoopHandle) and (h.origin is None or h.origin.alive):
             # kept from a tl.range body: as a Python loop leaves it, the last iteration's (a buffer of a scratch
             # scope that has closed is refused below, as any)
@@ -756,12 +662,8 @@ class Run:
         as the run used it. The kernel is not called again."""
         progs = [_rescaled(p, engine, factor) for p in self._source]
         timeline, sched, state = simulate_pe(progs, None, steady_state=True)
-        run = Run(self.sim, sched, timeline, self._hbm_names, self._tcm_names, self._tcms, self._index, ())
-        run.mode = "timing"
-        run.steady_state = state
-        run._source = progs
-        run.pe_index, run.seq_offset = self.pe_index, self.seq_offset
-        return run
+        return Run(self.sim, sched, timeline, self._hbm_names, self._tcm_names, self._tcms, self._index, (),
+                   steady_state=state, source=progs, pe=self.pe_index, seq_offset=self.seq_offset, mode="timing")
 
     def to_csv(self, path: str | Path | None = None) -> str:
         """The canonical op_log CSV (written to ``path`` if given).
@@ -782,10 +684,8 @@ class Run:
         """What bound each stage's start (``device.walk.Bindings``): ``run.bindings(seq)`` is
         ``(cause code, stage)``, the code an index into ``device.walk.CAUSES``."""
         if self._bindings is None:
-            self._bindings = Bindings(self.program, self.timeline)
-            ex = getattr(self.program, "_ex", None)
-            if ex is not None:  # a steady-state run: the critical path repeats with the inserted periods
-                self._bindings.periods = ex.periods()
+            # a steady-state run: the critical path repeats with the inserted periods
+            self._bindings = Bindings(self.program, self.timeline, self.program.periods())
         return self._bindings
 
     def critical_path(self) -> pd.DataFrame:
@@ -833,7 +733,8 @@ class DeviceRun(Run):
     ``run.pe(p).program`` is PE p's.
     """
 
-    def __init__(self, sim: Simulator, runs: dict[int, Run], reductions: Reductions):
+    def __init__(self, sim: Simulator, runs: dict[int, Run], reductions: Reductions,
+                 timings: dict[str, float] | None = None):
         self.sim = sim
         self.topology = sim.topo
         self.mode = sim.mode
@@ -841,7 +742,7 @@ class DeviceRun(Run):
         self.reductions = reductions
         self.cycles = max(r.cycles for r in runs.values())
         self._op_log: pd.DataFrame | None = None
-        self.timings: dict[str, float] = {}
+        self.timings: dict[str, float] = dict(timings or {})
         self.pe_index, self.seq_offset = -1, 0
         paths = [r.steady_state.path for r in runs.values()]
         first = next(r.steady_state for r in runs.values())
@@ -944,9 +845,8 @@ class DeviceRun(Run):
         offset = 0
         for p in sorted(results):
             timeline, sched, state = results[p]
-            r = Run(self.sim, sched, timeline, {}, {}, [], 0, ())
-            r.mode, r.steady_state, r._source = "timing", state, programs[p]
-            r.pe_index, r.seq_offset = p, offset
+            r = Run(self.sim, sched, timeline, {}, {}, [], 0, (), steady_state=state, source=programs[p], pe=p,
+                    seq_offset=offset, reductions=red, mode="timing")
             offset += r.n_stages
             runs[p] = r
         return DeviceRun(self.sim, runs, red)

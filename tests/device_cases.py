@@ -158,7 +158,7 @@ def random_device_case(seed: int, *, mode: str = "timing", max_pes: int = 4, lon
 def resolved_device_graph(sim, plan) -> tuple[DeviceGraph, list[int], list[int], list[int]]:
     """Simulate ``plan`` in one event loop (a flow on every finite channel), recording dynamic edges: the
     reference graph, kbwork's start and end per stage (device seq order), and each PE's first seq."""
-    programs, _, _, _, _ = sim._programs({p: list(v) for p, v in sorted(plan.items())})
+    programs, _, _, _ = sim._programs({p: list(v) for p, v in sorted(plan.items())})
     topo = sim.topo
     order = sorted(programs)
     channels = flow_channels(_channel_users(programs, topo), topo) if topo.channel_fraction is not None else {}

@@ -316,7 +316,7 @@ def test_lowering_is_pure_equal_calls_give_equal_fresh_ops(tl):
     assert c2.ops != c0.ops and c2.ops[0].out == z
     assert set(vars(tl)) == {"topo", "mem", "hbm", "tcm", "waits", "names", "_segments", "_plain", "_plain_first",
                              "_ncmd", "_loop", "_n_loops", "_broken", "_iter", "_scopes", "_recipe_scratch",
-                             "_token", "_record", "_follow", "_n_deferred"}
-    # nothing cached beside what the program owns (its trace so far); a device run's launches may record their
-    # calls or follow another's (triton_emu.follow), a bare context does neither
-    assert tl._record is None and tl._follow is None and tl._n_deferred == 0
+                             "_token", "named_after"}
+    # nothing cached beside what the program owns (its trace so far, and which buffers tl.load named after
+    # their sources: what a binding names after its own)
+    assert tl.named_after == {}

@@ -8,10 +8,9 @@ only where sharing can slow a transfer (:func:`kbwork.device.flows.contended`). 
    (:func:`check_isolation`);
 2. splits the PEs into *groups*: PEs linked when their transfers touch a common contended channel
    (:func:`groups`); each group is simulated by itself, in one event loop;
-3. simulates a group whose launch lists and layouts, relative to their tensors, equal an earlier group's
-   once, and gives the later group the earlier one's records (:func:`group_key`); a PE alone in its group
-   that followed an earlier PE's calls to the end (:class:`Follow`, ``triton_emu.follow``) is known to
-   equal it without a key, and takes its records the same way, its commands never made;
+3. simulates once a group whose launches are bindings of the same traces (DESIGN.md §19) to tensors laid out
+   alike on channels alike (:func:`group_key`), and gives a later such group the earlier one's records, named
+   by its own bindings (:class:`Replica`);
 4. in timing mode, lets the steady state (:mod:`.steady`) insert whole periods of every loop, jointly
    for the PEs of a group.
 
@@ -21,6 +20,7 @@ Every reduction gives the plain simulation's results; :class:`Reductions` says w
 from __future__ import annotations
 
 import bisect
+import functools
 import operator
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -31,9 +31,8 @@ import pandas as pd
 from ..errors import ValidationError
 from ..memory import Handle, LoopHandle, Space
 from ..pe.commands import DmaCmd
-from ..pe.program import Plain
+from ..pe.program import Plain, handles_of
 from ..pe.scheduler import Program
-from ..symbolic import Index
 from .flows import FlowChannel, contended
 
 
@@ -58,62 +57,6 @@ class Reductions:
         return "; ".join(parts)
 
 
-@dataclass(frozen=True)
-class Follow:
-    """A PE whose every launch followed, call by call, the launch at the same place of PE ``ref``
-    (``triton_emu.follow``): its programs are ``ref``'s with ``tensors`` (a recorded tensor's address ->
-    ``(recorded tensor, this PE's)``) and ``channels`` (a recorded channel -> this PE's) put in."""
-
-    ref: int
-    tensors: dict[int, tuple[Handle, Handle]]
-    channels: dict[int, int]
-
-    def __repr__(self) -> str:
-        return f"Follow(PE {self.ref}, {len(self.tensors)} tensors, channels {self.channels})"
-
-    def uses(self, placed: "Placed") -> "Uses | None":
-        """The followed PE's uses (``placed``: each family with the tensor it lies in) with this PE's tensors and
-        channels; None if something does not map (a tensor or channel this PE did not pair)."""
-        moved = []
-        for fams in (placed.reads, placed.writes):
-            out = []
-            for f, t in fams:
-                pair = self.tensors.get(t.addr)
-                if pair is None:
-                    return None
-                out.append(Family(f.addr + pair[1].addr - t.addr, f.stride, f.size, f.count))
-            moved.append(out)
-        chans = {self.channels.get(c) for c in placed.channels}
-        if None in chans:
-            return None
-        return Uses(chans, moved[0], moved[1])
-
-
-@dataclass(frozen=True)
-class Placed:
-    """A PE's uses with each family's tensor (what :meth:`Follow.uses` moves to a following PE's tensors); a
-    family that lies in no single tensor makes it None (:func:`placed`)."""
-
-    channels: set[int]
-    reads: list[tuple["Family", Handle]]
-    writes: list[tuple["Family", Handle]]
-
-
-def placed(uses: "Uses", by_addr: Sequence[Handle], starts: Sequence[int]) -> Placed | None:
-    """``uses`` with each family's tensor (``by_addr``: the tensors by address, ``starts`` their addresses)."""
-    out = []
-    for fams in (uses.reads, uses.writes):
-        found = []
-        for f in fams:
-            lo, hi = f.hull
-            i = bisect.bisect_right(starts, lo) - 1
-            if i < 0 or hi > by_addr[i].end:
-                return None
-            found.append((f, by_addr[i]))
-        out.append(found)
-    return Placed(uses.channels, out[0], out[1])
-
-
 # --- footprints over a whole program ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Family:
@@ -136,31 +79,32 @@ class Family:
         return np.stack([lo, lo + self.size], axis=1)
 
 
-def _hbm_uses(prog: Program, reads: list[Family], writes: list[Family], chans: set[int]) -> None:
-    """Add every HBM range ``prog`` reads and writes to ``reads`` and ``writes`` (a loop's moving slices as
-    families, not one per iteration), and to ``chans`` the channels its transfers move bytes on (a DMA's HBM
-    side, a composite's HBM operands and outs): one walk over the commands, a loop's body once."""
+def _hbm_uses(trace: Any, reads: list, writes: list, chans: list) -> None:
+    """Add every HBM range ``trace`` reads and writes to ``reads`` and ``writes`` (a loop's moving slices as
+    families, not one per iteration), each as ``(Family, handle)``, and to ``chans`` the handles whose channels
+    its transfers move bytes on (a DMA's HBM side, a composite's HBM operands and outs): one walk over the
+    commands, a loop's body once."""
     HBM = Space.HBM
 
-    def add(h: Handle, out: list[Family], n: int) -> None:
+    def add(h: Handle, out: list, n: int) -> None:
         if not h.nbytes:
             return
         if isinstance(h, LoopHandle):
             if h.kind == "rows":
-                out.append(Family(h.addr, h.stride, h.nbytes, n))
+                out.append((Family(h.addr, h.stride, h.nbytes, n), h))
                 return
             for i in range(n):  # anything else moving: each iteration (rare in HBM)
                 c = h.at(i)
-                out.append(Family(c.addr, 0, c.nbytes, 1))
+                out.append((Family(c.addr, 0, c.nbytes, 1), c))
             return
-        out.append(Family(h.addr, 0, h.nbytes, 1))
+        out.append((Family(h.addr, 0, h.nbytes, 1), h))
 
-    for seg in prog.trace.segments:
+    for seg in trace.segments:
         cmds, n = (seg.commands, 1) if isinstance(seg, Plain) else (seg.body, seg.iterations)
         for cmd in cmds:
             if isinstance(cmd, DmaCmd):  # reads its source, writes its destination (DESIGN.md §5)
                 src, dst = cmd.src, cmd.dst
-                chans.add(src.channel if src.space is HBM else dst.channel)
+                chans.append(src if src.space is HBM else dst)
                 if src.space is HBM:
                     add(src, reads, n)
                 if dst.space is HBM:
@@ -170,11 +114,11 @@ def _hbm_uses(prog: Program, reads: list[Family], writes: list[Family], chans: s
             for op in cmd.ops:
                 for h in op.operands.values():
                     if h.space is HBM:
-                        chans.add(h.channel)
+                        chans.append(h)
                         add(h, reads, n)
                 h = op.out
                 if h is not None and h.space is HBM:
-                    chans.add(h.channel)
+                    chans.append(h)
                     add(h, writes, n)
             for h in cmd.rw_handles:
                 if h.space is HBM:
@@ -195,13 +139,73 @@ class Uses:
 
 
 def uses_of(progs: Sequence[Program]) -> Uses:
-    """:class:`Uses` of one PE's launches, in one walk over their commands (a loop's body once)."""
+    """:class:`Uses` of one PE's launches: a launch bound from a trace has its trace's uses moved to its own
+    tensors (:func:`_placed`, made once per trace), any other is walked (a loop's body once)."""
     chans: set[int] = set()
     reads: list[Family] = []
     writes: list[Family] = []
     for prog in progs:
-        _hbm_uses(prog, reads, writes, chans)
+        b = prog.trace.binding
+        # (a trace bound to one launch only is walked: placing its uses would cost more than it saves)
+        placed = _placed(b.traced) if b is not None and b.traced.bound > 1 else None
+        if placed is None:
+            r, w, c = [], [], []
+            _hbm_uses(prog.trace, r, w, c)
+            reads += [f for f, _ in r]
+            writes += [f for f, _ in w]
+            chans.update(h.channel for h in c)
+            continue
+        leaves = b.leaves
+        p_reads, p_writes, p_chans = placed
+        for fams, out in ((p_reads, reads), (p_writes, writes)):
+            for i, f in fams:
+                out.append(f if i is None else Family(f.addr + leaves[i].addr, f.stride, f.size, f.count))
+        chans.update(c if i is None else leaves[i].channel for i, c in p_chans)
     return Uses(chans, reads, writes)
+
+
+def _placed(traced: Any) -> tuple | None:
+    """A trace's HBM uses relative to its tensor arguments, made once per trace: ``(reads, writes, channels)``,
+    each family as ``(argument index, family relative to it)`` and each channel as ``(argument index,
+    channel)``, with ``None`` for the index of what no argument holds (the kernel's own tensors: the same in
+    every binding). None when the trace's uses cannot be told apart so (a tensor of the kernel's own overlaps
+    an argument): each binding is then walked."""
+    memo = traced.memo
+    if "uses" in memo:
+        return memo["uses"]
+    r, w, c = [], [], []
+    _hbm_uses(traced.trace, r, w, c)
+    leaves = [(h.addr, h.end, i) for i, h in enumerate(traced.leaves) if h.space is Space.HBM]
+    leaves.sort()
+    starts = [x[0] for x in leaves]
+    out = None
+    try:
+        for h in traced.constants:
+            if any(lo < h.end and h.addr < hi for lo, hi, _ in leaves):
+                raise LookupError(h)
+
+        def where(lo: int, hi: int) -> int | None:
+            k = bisect.bisect_right(starts, lo) - 1
+            if k >= 0 and hi <= leaves[k][1] and lo < leaves[k][1]:
+                return leaves[k][2]
+            if any(a < hi and lo < b for a, b, _ in leaves) or lo == hi:
+                raise LookupError(lo)  # across arguments, or nothing to place by
+            return None
+
+        fams = []
+        for src in (r, w):
+            placed = []
+            for f, _ in src:
+                i = where(*f.hull)
+                placed.append((i, f if i is None else Family(f.addr - traced.leaves[i].addr, f.stride, f.size,
+                                                             f.count)))
+            fams.append(placed)
+        chans = {(where(h.addr, max(h.end, h.addr + 1)), h.channel) for h in c}
+        out = (fams[0], fams[1], [(i, ch) for i, ch in chans])
+    except LookupError:
+        out = None
+    memo["uses"] = out
+    return out
 
 
 def _families_meet(a: Family, b: Family) -> bool:
@@ -331,192 +335,41 @@ def groups(programs: dict[int, Sequence[Program]], shared: dict[int, int],
     return [out[k] for k in sorted(out)]
 
 
-def tensor_index(tensors: Sequence[Handle]) -> tuple[list[Handle], list[int], set[str], set[int], dict[str, tuple]]:
-    """What :func:`group_key` looks up, made once for every group of a run: the HBM tensors by address, their
-    start addresses, their names and the lengths of those, and a memo of the keys of plain TCM handles (filled
-    by the groups as they are keyed: see :func:`group_key`)."""
-    by_addr = sorted(tensors, key=lambda h: h.addr)
-    names = {h.name for h in by_addr}
-    return by_addr, [h.addr for h in by_addr], names, {len(n) for n in names}, {}
-
-
-def _tcm_names(h: Any) -> tuple[list[str], list[tuple[str, str]]]:
-    """The names handle ``h`` takes in the op_log in every iteration of its loop, as far as their tensor part
-    (before ``[``) goes: full names (a slice's cut at its ``[``), and for a buffer named after a body command
-    (``softmax_merges9.P``) its ``(stem, suffix)``, the command id between."""
-    if not isinstance(h, LoopHandle):
-        return [h.name], []
-    if h.kind == "named":
-        pre = h.prefix
-        if not isinstance(pre, LoopHandle):  # a CommandName
-            names, stems = [], [(pre.stem, h.suffix)]
-        else:
-            names, stems = _tcm_names(pre)
-            names, stems = [n + h.suffix for n in names], [(st, suf + h.suffix) for st, suf in stems]
-    elif h.kind == "rows":
-        names, stems = _tcm_names(h.root)
-    else:
-        names, stems = [x.name for x in h.slots], []
-    return ([n + "[" for n in names] if h.chain else names), stems
-
-
-def _misread_by_name(h: Handle, hbm_names: set[str]) -> bool:
-    """Whether a replica's text renaming (``rename_tensor``) could rename a name TCM handle ``h`` takes: one
-    whose tensor part (before ``[``) is an HBM tensor's name ("O" beside a tensor O, a ring slot "buf0" beside
-    a tensor buf0), or that holds ``|`` (what separates a fetch's two names), or a command-named buffer whose
-    stem starts an HBM tensor's name."""
-    if not isinstance(h, LoopHandle):  # most handles: one name
-        n = h.name
-        return "|" in n or n.split("[", 1)[0] in hbm_names
-    names, stems = _tcm_names(h)
-    if any("|" in n or n.split("[", 1)[0] in hbm_names for n in names):
-        return True
-    return any(x.startswith(stem) for stem, _ in stems for x in hbm_names)
-
-
-def group_key(group: Sequence[int], programs: dict[int, Sequence[Program]], tensors: Sequence[Handle],
-              shared: dict[int, int], index: tuple | None = None
-              ) -> tuple[tuple | None, tuple[str, ...], tuple[int, ...]]:
-    """What decides a group's records, with every HBM tensor and channel named relative to the group (the order
-    it first meets them): two groups with equal keys evolve identically. Returns the key (None when a program
-    holds something the key cannot describe: the group is then simulated), the names a replica renames (the
-    group's HBM tensors and the names made from them, in the order met) and its channels in the order met (what
-    a replica's channels map through)."""
-    by_addr, starts, hbm_all, hbm_lengths, tcm_keys = index if index is not None else tensor_index(tensors)
-    undescribable = []
-    tensor_ids: dict[int, int] = {}
-    tensor_names: list[str] = []  # every name a replica renames, in the order met: HBM tensors and names made from them
-    hbm_names: list[str] = []     # the HBM tensors, by relative id
-    hbm_ids: dict[str, int] = {}  # and their relative ids by name
-    named: set[str] = set()       # what tensor_names holds (a group may name thousands)
-    name_lengths: set[int] = set()  # the lengths of hbm_names (where a TCM name's prefix may be one of them)
+def group_key(group: Sequence[int], programs: dict[int, Sequence[Program]], shared: dict[int, int]
+              ) -> tuple[tuple | None, tuple[int, ...]]:
+    """What decides a group's records (DESIGN.md §19): each launch's trace id; the tensors it binds, each
+    numbered by the order the group first meets it (which are the same tensor, across the group's launches);
+    and their channels, numbered alike, each with whether it is contended. Two groups with equal keys are
+    bindings of the same traces to tensors laid out alike on channels alike: they evolve identically, and the
+    one names its tensors as the other, tensor for tensor. Returns the key (None when a launch is no binding
+    of a trace, when two of its tensors overlap without being one, or when a name its trace fixes holds one of
+    the PE's tensor names, which a replica's names could not be told from: the group is then simulated) and
+    the group's channels in the order met (what a replica's channels map through)."""
+    key: list = []
+    tensor_ids: dict[tuple, int] = {}
     channel_ids: dict[int, int] = {}
-    import bisect
-
-    memo: dict[int, Any] = {}  # id(handle) -> its key (never empty, so never false)
-    known = memo.get
-
-    def hkey(h: Any) -> Any:
-        k = memo.get(id(h))
-        if k is None:
-            k = memo[id(h)] = _hkey(h)
-        return k
-
-    def _hkey(h: Any) -> Any:
-        if not isinstance(h, Handle):
-            undescribable.append(h)
-            return ("?",)
-        if h.space is Space.TCM:
-            name: Any = h.name
-            plain = h.__class__ is Handle
-            if plain:
-                # A plain TCM handle whose name no HBM tensor's name could rename has a key of its values
-                # alone, the same in every group: kept by name for the run's later groups (most of a PE's
-                # handles are such, and every PE of a device makes its own, equal ones). A hit is the same
-                # tuple object, which also makes comparing two groups' keys cheaper.
-                hit = tcm_keys.get(name)
-                if hit is not None and hit[1] == h.addr and hit[3] == h.dtype and hit[2] == h.shape \
-                        and hit[4] == h.pinned:
-                    return hit
-            base_name = name.split("[", 1)[0]
-            if _misread_by_name(h, hbm_all):
-                undescribable.append(h)
-                return ("?",)
-            # "K0_tcm": a TCM name made from a tensor's, renamed with it -- from the first tensor met whose name
-            # is a proper prefix (looked up prefix by prefix, only at the lengths the tensors' names have: a
-            # group may hold thousands of tensors, and its names are mostly of a few lengths)
-            n = len(base_name)
-            tids = [t for t in (hbm_ids.get(base_name[:k]) for k in name_lengths if k < n) if t is not None]
-            if tids:
-                tid = min(tids)
-                if base_name not in named:
-                    named.add(base_name)
-                    tensor_names.append(base_name)
-                name = ("from", tid, name[len(hbm_names[tid]):])
-            base = (0, h.addr, h.shape, h.dtype, h.pinned, name)
-            if plain and not any(base_name[:k] in hbm_all for k in hbm_lengths if k < n):
-                tcm_keys[name] = base  # no proper prefix is any HBM tensor's name: no group renames it
-        else:
-            i = bisect.bisect_right(starts, h.addr) - 1
-            if i < 0 or not (by_addr[i].addr <= h.addr < by_addr[i].end or h.nbytes == 0):
-                undescribable.append(h)  # HBM bytes outside every tensor: no relative address to give
-                return ("?",)
-            t = by_addr[i]
-            tid = tensor_ids.get(t.addr)
-            if tid is None:
-                # a name rename_tensor would split ("|": a fetch's pair, "[": a slice); checked where a tensor is
-                # first met, not for every handle of one
-                if "|" in t.name or "[" in t.name:
-                    undescribable.append(h)
-                    return ("?",)
-                tid = tensor_ids[t.addr] = len(tensor_ids)
-                named.add(t.name)
-                tensor_names.append(t.name)
-                hbm_names.append(t.name)
-                hbm_ids.setdefault(t.name, tid)
-                name_lengths.add(len(t.name))
-            cid = channel_ids.setdefault(h.channel, len(channel_ids))
-            base = (1, tid, h.addr - t.addr, h.shape, h.dtype, h.pinned, cid, h.channel in shared,
-                    h.name[len(t.name):] if h.name.startswith(t.name) else None)
-        if isinstance(h, LoopHandle):
-            return base + (h.kind, h.stride, None if h.slot is None else (h.slot.a, h.slot.b),
-                           tuple(x.addr for x in h.slots), len(h.chain))
-        return base
-
-    def ckey(cmd: Any) -> tuple:
-        it = cmd.iter
-        it = (it.a, it.b) if isinstance(it, Index) else it
-        if isinstance(cmd, DmaCmd):
-            # the default label names the source ("dma_load K[0:128]"): a replica renames it with its tensors
-            verb = "dma_load " if cmd.src.space is Space.HBM else "dma_store "
-            if cmd.auto_label is not None or cmd.label == verb + cmd.src.name:
-                label: Any = ("default", verb)
-            elif cmd.label.startswith(DMA_VERBS) and \
-                    any(p.split("[", 1)[0] in hbm_all for p in cmd.label.split(" ", 1)[1].split("|")):
-                undescribable.append(cmd)  # names a tensor like a default label: a replica would rename it
-                label = ("?",)
-            else:
-                label = cmd.label
-            return ("dma", hkey(cmd.src), hkey(cmd.dst), label, it)
-        # an op is its kind, scope and shipped scalars (a GEMM's m, k, n, trans_b by value: they shape its
-        # stages; other scalars by name: their values change numbers, never times) and its handles' keys,
-        # which hold their space, shape, dtype and pinning: everything its plan depends on (OpSpec.signature).
-        # One flat tuple per command: an op's kind fixes how many operands follow it (validated against the op
-        # table), so the flat sequence reads back unambiguously. (Plain strings and tuples: the key is hashed,
-        # and an enum's hash is a Python-level call; a handle's key is looked up in the memo inline, hkey
-        # making it the first time; no comprehension per op, each of which is a call of its own.)
-        flat: list = ["cmd", cmd.label, it]
-        put = flat.append
-        for op in cmd.ops:
-            put(op.kind)
-            put(op.scope._value_)
-            put(tuple(op.extra.items()) if op.kind == "gemm" else tuple(op.extra))
-            for n, h in op.operands.items():
-                put(n)
-                put(known(id(h)) or hkey(h))
-            h = op.out
-            put(None if h is None else known(id(h)) or hkey(h))
-        put(0)  # then the rw handles, and after 1 the scratch (ints: never an op's kind nor a handle's key)
-        for h in cmd.rw_handles:
-            put(known(id(h)) or hkey(h))
-        put(1)
-        for h in cmd.scratch:
-            put(known(id(h)) or hkey(h))
-        return tuple(flat)
-
-    key = []
     for pe in group:
+        traced = []
+        names: list[str] = []
         for prog in programs[pe]:
-            tr = prog.trace
-            for seg in tr.segments:
-                if isinstance(seg, Plain):
-                    key.append(("plain", tuple([ckey(c) for c in seg.commands])))
-                else:
-                    key.append(("loop", seg.iterations, seg.period, tuple([ckey(c) for c in seg.body]),
-                                tuple((x.a, x.b) if isinstance(x, Index) else x for x in seg.iters), seg.waits))
-            key.append(("waits", tuple(tr.waits)))
-        key.append(("pe-end",))
-    return (None if undescribable else tuple(key)), tuple(tensor_names), tuple(channel_ids)
+            b = prog.trace.binding
+            if b is None or b.layout() is None:
+                return None, ()
+            key.append(b.trace_id)
+            for h in b.tensors():
+                c = h.channel
+                key.append((tensor_ids.setdefault((h.addr, h.nbytes), len(tensor_ids)),
+                            channel_ids.setdefault(c, len(channel_ids)), c in shared))
+            traced.append(b.traced)
+            names += [h.name for h in b.leaves]
+        # a name any launch of the PE fixes must not be taken for one made from any of its tensors
+        for t in traced:
+            if not t.taken_names.isdisjoint(names) or any(n.startswith(st) for st in t.taken_stems for n in names):
+                return None, ()
+        if any("|" in n or "[" in n for n in names):
+            return None, ()
+        key.append(None)  # the end of a PE's launches
+    return tuple(key), tuple(channel_ids)
 
 
 def flow_channels(shared: dict[int, int], topo) -> dict[int, FlowChannel]:
@@ -530,41 +383,60 @@ def flow_channels(shared: dict[int, int], topo) -> dict[int, FlowChannel]:
 DMA_VERBS = ("dma_load ", "dma_store ")
 
 
-def rename_label(label: str, rename: dict[str, str]) -> str:
-    """A command's label in a replica: a default DMA label (``dma_load K0[0:128]``) names the replica's tensor."""
-    for verb in DMA_VERBS:
-        if label.startswith(verb):
-            return verb + rename_tensor(label[len(verb):], rename)
-    return label
-
-
-def rename_tensor(name: str, rename: dict[str, str]) -> str:
-    """``name`` (an op_log ``tensor``: ``K[0:128]``, ``a|b``) with every HBM tensor in it renamed by ``rename``."""
-    if not name:
-        return name
-    if "|" not in name:  # most names: one tensor, or a slice of one
-        base = name.partition("[")[0]
-        new = rename.get(base)
-        return name if new is None else new + name[len(base):]
-    parts = name.split("|")
-    for i, part in enumerate(parts):
-        base = part.split("[", 1)[0]
-        if base in rename:
-            parts[i] = rename[base] + part[len(base):]
-    return "|".join(parts)
-
-
 def _commands(progs: Sequence[Program]) -> Sequence:
     from .steady import _Concat
 
     return progs[0].trace.commands if len(progs) == 1 else _Concat([p.trace.commands for p in progs])
 
 
-class _RenamedTable:
-    """A stage table as another PE's replica reads it: every column shared, ``tensor`` with its own names."""
+def binding_names(src: Sequence[Program], dst: Sequence[Program]) -> dict[str, str]:
+    """The name each name of ``src``'s launches takes in ``dst``'s, where they differ: both lists bindings of the
+    same traces, walked side by side, handle by handle (a loop handle iteration by iteration). Each name is
+    rendered by its own binding; nothing is parsed."""
+    out: dict[str, str] = {}
+    for a, b in zip(src, dst):
+        for x, y in zip(handles_of(a.trace), handles_of(b.trace)):
+            if x is y or x.name == y.name:
+                continue
+            if x.__class__ is LoopHandle:
+                for i in range(x.var.iterations if x.var is not None else 0):
+                    out[x.name_at(i)] = y.name_at(i)
+            else:
+                out[x.name] = y.name
+    return out
 
-    def __init__(self, table: Any, rename: dict[str, str], chan_map: dict[int, int] | None = None):
-        self._t, self._rename, self._chan_map = table, rename, chan_map or {}
+
+def _rename(text: str, names: dict[str, str]) -> str:
+    """``text`` (a stage's tensor: a name, or a fetch's two joined by ``|``) in the other binding."""
+    new = names.get(text)
+    if new is not None:
+        return new
+    if "|" in text:
+        return "|".join([names.get(p, p) for p in text.split("|")])
+    return text
+
+
+class ReplicaNames:
+    """A replica's names beside the simulated PE's (:func:`binding_names` of the two), made on first use; shared by
+    the replica and its stage table (each holding the other would be a reference cycle)."""
+
+    __slots__ = ("_make", "_map")
+
+    def __init__(self, make: Any):
+        self._make, self._map = make, None
+
+    def __call__(self) -> dict[str, str]:
+        if self._map is None:
+            self._map, self._make = self._make(), None
+        return self._map
+
+
+class BoundTable:
+    """A stage table as another PE's replica reads it: every column the simulated PE's, but ``chan`` (this PE's
+    channels) and ``tensor`` (this PE's names, from its binding)."""
+
+    def __init__(self, table: Any, names: Any, chan_map: dict[int, int] | None = None):
+        self._t, self._names, self._chan_map = table, names, chan_map or {}
         self._tensor: pd.Categorical | None = None
         self._chan: np.ndarray | None = None
 
@@ -585,23 +457,35 @@ class _RenamedTable:
     def __len__(self) -> int:
         return len(self._t)
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._t, name)
-
     def __repr__(self) -> str:
         return f"{self._t!r} (a replica)"
+
+    # the columns a stage table is read by (``pe.stages.StageTable``), the simulated PE's
+    kind = property(lambda self: self._t.kind)
+    engine = property(lambda self: self._t.engine)
+    phase = property(lambda self: self._t.phase)
+    cmd = property(lambda self: self._t.cmd)
+    op_kind = property(lambda self: self._t.op_kind)
+    tile = property(lambda self: self._t.tile)
+    k_tile = property(lambda self: self._t.k_tile)
+    nbytes = property(lambda self: self._t.nbytes)
+    dur = property(lambda self: self._t.dur)
+    preds = property(lambda self: self._t.preds)
+
+    def describe(self, s: int) -> str:
+        return self._t.describe(s)
 
     @property
     def tensor(self) -> pd.Categorical:
         if self._tensor is None:
             col = pd.Categorical(self._t.tensor).remove_unused_categories()
-            rename = self._rename
-            cats = [rename_tensor(str(c), rename) for c in col.categories.tolist()]
+            names = self._names()
+            cats = [_rename(str(c), names) for c in col.categories.tolist()]
             codes = np.asarray(col.codes)
             if len(set(cats)) == len(cats) and not (codes < 0).any():
-                # renaming keeps distinct names distinct (tensors map one to one) but may reorder them: the
-                # categories sorted again, as a categorical made from the renamed names has them, and each
-                # stage's code mapped to its name's new place (no name is made per stage)
+                # the bindings map tensors one to one, so distinct names stay distinct, perhaps reordered: the
+                # categories sorted again, as a categorical made from this PE's names has them, and each stage's
+                # code mapped to its name's new place (no name is made per stage)
                 order = sorted(range(len(cats)), key=cats.__getitem__)
                 place = np.empty(len(cats), dtype=np.int64)
                 place[order] = np.arange(len(cats))
@@ -616,49 +500,75 @@ class _RenamedTable:
 
 
 class Replica:
-    """The schedule of a PE whose group was replicated from an identical one (DESIGN.md §14): the simulated PE's
-    records, with this PE's own commands and tensor names."""
+    """The schedule of a PE whose group was replicated from an identical one (DESIGN.md §14, §19): the simulated
+    PE's records, with this PE's own commands, channels and names (its binding's)."""
 
-    def __init__(self, sched: Any, rename: dict[str, str], commands: Sequence, chan_map: dict[int, int] | None = None):
-        self._s = sched
-        self._rename = rename
-        self.table = _RenamedTable(sched.table, rename, chan_map)
+    def __init__(self, sched: Any, commands: Sequence, names: Any, chan_map: dict[int, int] | None = None):
+        self.source = sched
+        #: the simulated PE's names that this PE's binding names otherwise, and how (made on first use)
+        self.names = ReplicaNames(names)
+        self.table = BoundTable(sched.table, self.names, chan_map)
         self.commands = commands
         self._labels: list[str] | None = None
 
+    topo = property(lambda self: self.source.topo)
+    loops = property(lambda self: self.source.loops)
+    reach = property(lambda self: self.source.reach)
+    ctab = property(lambda self: self.source.ctab)
+    dispatch_seq = property(lambda self: self.source.dispatch_seq)
+    plan_seq = property(lambda self: self.source.plan_seq)
+    plan_first = property(lambda self: self.source.plan_first)
+    plan_end = property(lambda self: self.source.plan_end)
+    reads = property(lambda self: self.source.reads)
+    writes = property(lambda self: self.source.writes)
+    waits = property(lambda self: self.source.waits)
+    iters = property(lambda self: self.source.iters)
+    logical_bytes = property(lambda self: self.source.logical_bytes)
+
+    def edge_reach(self) -> int:
+        return self.source.edge_reach()
+
+    n_commands = property(lambda self: self.source.n_commands)
+    n_stages = property(lambda self: self.source.n_stages)
+
+    def periods(self) -> list[tuple[int, int, int]]:
+        return self.source.periods()
+
     @property
     def labels(self) -> list[str]:
+        """Each command's label: the simulated PE's, a default DMA label naming this PE's source."""
         if self._labels is None:
+            names = self.names()
             cache: dict[str, str] = {}
-            self._labels = [cache[x] if x in cache else cache.setdefault(x, rename_label(x, self._rename))
-                            for x in self._s.labels]
+
+            def label(x: str) -> str:
+                for verb in DMA_VERBS:
+                    if x.startswith(verb):
+                        new = names.get(x[len(verb):])
+                        return x if new is None else verb + new
+                return x
+            self._labels = [cache[x] if x in cache else cache.setdefault(x, label(x)) for x in self.source.labels]
         return self._labels
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._s, name)
-
     def __repr__(self) -> str:
-        return f"{self._s!r} (a replica)"
+        return f"{self.source!r} (a replica)"
 
 
 # --- simulating a device -----------------------------------------------------------------------------------------
 def simulate_device(programs: dict[int, list[Program]], topo, tensors: Sequence[Handle],
                     memories: dict[int, list[Any]] | None = None, *, steady_state: bool = True,
-                    why_full: str = "steady_state=False", reduce: bool = True,
-                    follows: dict[int, Follow] | None = None) -> tuple[dict[int, tuple], Reductions]:
+                    why_full: str = "steady_state=False", reduce: bool = True) -> tuple[dict[int, tuple], Reductions]:
     """Simulate every PE's launches (DESIGN.md §14): isolation checked first, then each group of PEs linked by a
-    contended channel in one event loop, a group equal to an earlier one replicated from it.
+    contended channel in one event loop, a group equal to an earlier one (:func:`group_key`) replicated from it.
 
     Args:
         programs: PE -> its launches' programs, in the order they run.
         topo: the device's topology.
-        tensors: every HBM tensor of the simulator (to name them in errors and to compare groups).
+        tensors: every HBM tensor of the simulator (to name them in errors).
         memories: data mode: PE -> each launch's ``LaunchMemory``.
         steady_state: timing mode: insert the remaining periods of loops once proven (DESIGN.md §12).
         reduce: False: no groups and no replication; every PE in one event loop, a flow on every channel of
             finite bandwidth (contended or not). The plain simulation every reduction must reproduce.
-        follows: PEs whose launches followed another PE's (:class:`Follow`): what they touch is read from the
-            followed PE's, and alone in their group they take its records without their commands being made.
 
     Returns:
         PE -> ``(timeline, schedule, steady state)``, and the :class:`Reductions` used.
@@ -668,21 +578,7 @@ def simulate_device(programs: dict[int, list[Program]], topo, tensors: Sequence[
     """
     from .steady import simulate_group, simulate_pe
 
-    follows = dict(follows or {}) if reduce and memories is None else {}
-    uses: dict[int, Uses] = {}
-    where: dict[int, Placed | None] = {}  # a followed PE's uses, placed in its tensors (once for all who follow it)
-    index = tensor_index(tensors) if follows else None
-    for pe in sorted(programs, key=lambda p: p in follows):  # the followed PEs first
-        fo = follows.get(pe)
-        mapped = None
-        if fo is not None and fo.ref in uses:
-            if fo.ref not in where:
-                where[fo.ref] = placed(uses[fo.ref], index[0], index[1])
-            mapped = fo.uses(where[fo.ref]) if where[fo.ref] is not None else None
-        if mapped is None:
-            follows.pop(pe, None)
-            mapped = uses_of(programs[pe])
-        uses[pe] = mapped
+    uses = {pe: uses_of(programs[pe]) for pe in programs}
     if len(programs) > 1:  # isolation is between PEs: one PE's launches may share its bytes
         check_isolation(programs, tensors, uses)
     shared = contended_channels(programs, topo, uses)
@@ -693,78 +589,32 @@ def simulate_device(programs: dict[int, list[Program]], topo, tensors: Sequence[
         grouped = [sorted(programs)]
     red = Reductions(pes=len(programs), groups=len(grouped), simulated=0, contended_channels=tuple(shared))
     out: dict[int, tuple] = {}
-    seen: dict[tuple, tuple[list[int], tuple[str, ...], tuple[int, ...]]] = {}
+    seen: dict[tuple, tuple[list[int], tuple[int, ...]]] = {}
     # replication needs a second group to replicate to; data mode computes every PE's numbers
     keyed = memories is None and reduce and len(grouped) > 1
-    index = (index or tensor_index(tensors)) if keyed else None
-    # a PE alone with its records: (the PE whose records they are, its names -> this PE's, its channels -> this PE's)
-    alone: dict[int, tuple[int, dict[str, str], dict[int, int]]] = {}
-
-    def lone(group: list[int]) -> bool:
-        return len(group) == 1 and not (uses[group[0]].channels & shared.keys())
-
-    def simulate(group: list[int]) -> None:
-        key, names, chans = group_key(group, programs, tensors, shared, index) if keyed else (None, (), ())
-        hit = seen.get(key) if key is not None else None  # one lookup: hashing a key walks all of it
+    for group in grouped:
+        key, chans = group_key(group, programs, shared) if keyed else (None, ())
+        hit = seen.get(key) if key is not None else None
         if hit is not None:  # an identical group: its records are the earlier one's
-            src_group, src_names, src_chans = hit
-            rename, chan_map = dict(zip(src_names, names)), dict(zip(src_chans, chans))
+            src_group, src_chans = hit
+            chan_map = dict(zip(src_chans, chans))
             for pe, src in zip(group, src_group):
                 tl, sched, state = out[src]
-                out[pe] = (tl, Replica(sched, rename, _commands(programs[pe]), chan_map), state)
+                names = functools.partial(binding_names, programs[src], programs[pe])
+                out[pe] = (tl, Replica(sched, _commands(programs[pe]), names, chan_map), state)
                 red.replicated_from[pe] = src
-            if lone(group):
-                alone[group[0]] = (src_group[0], rename, chan_map)
-            return
+            continue
         red.simulated += 1
         mine = {c: k for c, k in shared.items() if any(c in uses[pe].channels for pe in group)}
         if len(group) == 1 and not mine:  # alone on its channels: every transfer's duration is known when it starts
             pe = group[0]
             out[pe] = simulate_pe(programs[pe], None if memories is None else memories[pe],
                                   steady_state=steady_state, why_full=why_full)
-            if key is not None:
-                alone[pe] = (pe, {n: n for n in names}, {c: c for c in chans})
         else:
             results = simulate_group([programs[pe] for pe in group],
                                      None if memories is None else [memories[pe] for pe in group],
                                      flow_channels(mine, topo), steady_state=steady_state, why_full=why_full)
             out.update(zip(group, results))
         if key is not None:
-            seen[key] = (group, names, chans)
-
-    later = []
-    for group in grouped:
-        if keyed and lone(group) and group[0] in follows:
-            later.append(group[0])  # once the PE it followed has its records
-        else:
-            simulate(group)
-    for pe in later:
-        fo = follows[pe]
-        took = alone.get(fo.ref) if fo.ref in out else None
-        copied = _follow_names(took, fo) if took is not None else None
-        if copied is None:  # the followed PE is not alone, or not describable: this one is simulated (or keyed)
-            simulate([pe])
-            continue
-        src, rename, chan_map = copied
-        tl, sched, state = out[src]
-        out[pe] = (tl, Replica(sched, rename, _commands(programs[pe]), chan_map), state)
-        red.replicated_from[pe] = src
+            seen[key] = (group, chans)
     return out, red
-
-
-def _follow_names(took: tuple[int, dict[str, str], dict[int, int]], fo: Follow
-                  ) -> tuple[int, dict[str, str], dict[int, int]] | None:
-    """What a PE that followed ``fo.ref`` takes: ``fo.ref``'s source PE, with the source's tensor names and channels
-    mapped on to this PE's (through ``fo.ref``'s own, ``took``). None when a name of this PE would not survive a
-    replica's renaming (a ``|`` or ``[`` in a tensor's name) or a channel does not map."""
-    src, rename, chan_map = took
-    names = {}
-    for r, f in fo.tensors.values():
-        if "|" in f.name or "[" in f.name:
-            return None
-        names[r.name] = f.name
-    channels = fo.channels
-    if any(c not in channels for c in chan_map.values()):
-        return None
-    return (src, {n: names.get(m, m) for n, m in rename.items()},
-            {c: channels[m] for c, m in chan_map.items()})

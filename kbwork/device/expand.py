@@ -347,6 +347,18 @@ class ExpandedSchedule:
     def edge_reach(self) -> int:
         return self.reach
 
+    @property
+    def n_commands(self) -> int:
+        return self._ex.n_cmds
+
+    @property
+    def n_stages(self) -> int:
+        return self._ex.n_stages
+
+    def periods(self) -> list[tuple[int, int, int]]:
+        """The inserted periods (``Expansion.periods``): the critical path repeats over them."""
+        return self._ex.periods()
+
     @staticmethod
     def _iters(ex: Expansion) -> np.ndarray:
         ct = ex.sched.ctab
@@ -402,9 +414,9 @@ class ExpandedTimeline:
     def __repr__(self) -> str:
         return f"Timeline({self._ex.n_stages} stages; steady state)"
 
-    def dispatch_cycles(self) -> np.ndarray:
+    def dispatch_cycles(self, sched: Any = None) -> np.ndarray:
         """Each command's DISPATCH cycles in the full run, from the simulated commands' (a copy's are its
-        block's): no stage array of the full run is built."""
+        block's): no stage array of the full run is built. (``sched``, the full run's schedule, is not read.)"""
         d = np.asarray(self._ex.sched.ctab.dispatch_seq, dtype=np.int64)
         return self._ex.commands(self._tl.end[d] - self._tl.start[d])
 

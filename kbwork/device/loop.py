@@ -62,6 +62,7 @@ class Lowered:
 
     def __init__(self, sched: Schedule):
         self.sched = sched
+        self.topo = sched.topo
         self.table = sched.table
         self.commands = sched.ctab
         self.next = 0
@@ -295,8 +296,8 @@ def _next_launch(pe: PeState, t: int) -> bool:
     return True
 
 
-def prog_commands(prog: Any) -> int:
-    return prog.n_commands if hasattr(prog, "n_commands") else len(prog.ctab)
+def prog_commands(prog: Program | Schedule) -> int:
+    return prog.n_commands
 
 
 def step(dev: DeviceState, **kw: Any) -> int:

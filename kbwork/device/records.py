@@ -23,7 +23,7 @@ simulated stretch and inserted periods (the steady state) gets them right.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -84,6 +84,16 @@ class Timeline:
     def __repr__(self) -> str:
         return f"Timeline({len(self.end)} stages, {len(self.held)} holds)"
 
+    @property
+    def cycles(self) -> int:
+        """The last stage's end (0 for no stage)."""
+        return int(self.end.max()) if len(self.end) else 0
+
+    def dispatch_cycles(self, sched: Any) -> np.ndarray:
+        """PE_CPU cycles of each DISPATCH of ``sched`` (the schedule this timeline ran), by command."""
+        d = np.asarray(sched.dispatch_seq, dtype=np.int64)
+        return self.end[d] - self.start[d]
+
 
 def dispatch_ready(f: FrontEnd) -> np.ndarray:
     """Every DISPATCH's ``ready``: the latest of its constraints."""
@@ -133,8 +143,7 @@ def front_end(prog, d: np.ndarray, start: np.ndarray, end: np.ndarray, done: np.
 
 def schedule_of(pe: PeState, commands: Sequence, loops: tuple = ()) -> Schedule:
     """The schedule ``pe`` lowered while it ran (every command it simulated), as a :class:`Schedule`."""
-    topo = pe.cursor.program.topo if hasattr(pe.cursor, "program") else pe.cursor.sched.topo
-    return Schedule(topo, pe.table, pe.ctab, commands, loops, pe.cursor.reach)
+    return Schedule(pe.cursor.topo, pe.table, pe.ctab, commands, loops, pe.cursor.reach)
 
 
 def timeline_of(pe: PeState, sched: Schedule) -> Timeline:

@@ -568,7 +568,7 @@ class GroupSteady:
             if self._finished(q):
                 pos.append(None)
                 continue
-            at = q.cursor.at_boundary() if hasattr(q.cursor, "at_boundary") else None
+            at = q.cursor.at_boundary()
             if at is None:
                 self.blocker = (q, None, q.launch)
                 return False  # a PE in straight-line code or mid-iteration: nothing repeats now

@@ -29,6 +29,8 @@ at the lowest-seq stage among those ending at the run's last cycle.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 
 from ..errors import SimulationError
@@ -50,7 +52,7 @@ class Bindings:
     the fixed tie order of the module docstring.
     """
 
-    def __init__(self, prog, tl):
+    def __init__(self, prog, tl, periods: Sequence[tuple[int, int, int]] = ()):
         self.prog, self.tl = prog, tl
         self._kind, self._cmd, self._preds = prog.table.kind, prog.table.cmd, prog.table.preds
         self._strict = prog.topo.hazard_policy == "strict_fifo"
@@ -59,7 +61,7 @@ class Bindings:
         self._path: tuple[list[int], list[int]] | None = None
         #: ``(dseq, lo, hi)`` of every stretch where stages lo..hi-1 repeat every dseq stages (a steady-state
         #: run): the critical path then repeats too, and the walk copies whole periods of it instead of stepping
-        self.periods: list[tuple[int, int, int]] = []
+        self.periods: list[tuple[int, int, int]] = list(periods)
         # commands by (completion cycle, id): the lowest-numbered command completing at a cycle
         self._by_done = np.lexsort((np.arange(len(tl.done)), tl.done))
         self._done_sorted = tl.done[self._by_done]

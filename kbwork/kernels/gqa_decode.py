@@ -129,14 +129,16 @@ def commands_per_tile(variant: str) -> int:
     Raises:
         ValidationError: an unknown variant.
     """
-    from ..sim import Simulator
+    from ..sim import Launch, Simulator
+    from ..triton_emu.binding import signature
 
     sim = Simulator(mode="timing")
     G, d, T = 1, 16, 16
     handles = (sim.hbm("q", shape=(G, d), dtype="bf16"), sim.hbm("K", shape=(3 * T, d), dtype="bf16"),
                sim.hbm("V", shape=(3 * T, d), dtype="bf16"), sim.hbm("out", shape=(G, d), dtype="fp32"))
-    tl, _, _ = sim._trace(gqa_decode, handles, dict(variant=variant, tile=T))
-    return tl.trace().loops[0].cmds_per_iter
+    launch = Launch(gqa_decode, *handles, variant=variant, tile=T)
+    traced, _, _ = sim._trace(launch, signature(gqa_decode, launch.args, launch.kwargs)[1], None, 0)
+    return traced.trace.loops[0].cmds_per_iter
 
 
 def gqa_decode(tl: TLContext, q: Handle, k: Handle, v: Handle, out: Handle, *, variant: str, tile: int) -> None:

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from ..memory import LoopHandle
+from ..memory import CommandName, LoopHandle
 from ..symbolic import Index, LoopVar
 from .commands import Command, Completion, CompositeCmd, DmaCmd, OpSpec
 
@@ -137,21 +137,59 @@ class Trace:
     ``commands`` is a lazy sequence of every command (loops instantiated on
     access); ``loops`` lists the loops; ``waits`` are the ``(before, target)``
     pairs of ``tl.wait`` outside loops. :meth:`waits_of` gives any command's.
+
+    A trace bound to a launch's tensors (``triton_emu.binding``) may be given its segments as the function
+    that makes them, with ``n_commands``: they are made when first read (a replicated launch's never are).
     """
 
-    def __init__(self, segments: Sequence[Segment], waits: Sequence[tuple[int, int]] = ()):
-        self.segments = tuple(s for s in segments if (s.commands if isinstance(s, Plain) else s.iterations))
-        self.all_segments = tuple(segments)
-        self.loops = tuple(s for s in segments if isinstance(s, Loop))
-        self.n_commands = self.segments[-1].end_cmd if self.segments else 0
-        self._starts = [s.first_cmd for s in self.segments]
+    def __init__(self, segments: Sequence[Segment] | Callable[[], Sequence[Segment]],
+                 waits: Sequence[tuple[int, int]] = (), binding: Any = None, *, n_commands: int | None = None):
+        #: which trace of its run this launch was bound from, and to what (``triton_emu.binding.Binding``; None
+        #: for a trace made outside a run)
+        self.binding = binding
+        #: the ``tl.wait`` pairs outside loops, as given
+        self.plain_waits = tuple(waits)
+        if callable(segments):
+            self._make: Callable[[], Sequence[Segment]] | None = segments
+            self.n_commands = n_commands
+        else:
+            self._make = None
+            self._set(segments)
+
+    def _set(self, segments: Sequence[Segment]) -> None:
+        self._segments = tuple(s for s in segments if (s.commands if isinstance(s, Plain) else s.iterations))
+        self._all = tuple(segments)
+        self._loops = tuple(s for s in segments if isinstance(s, Loop))
+        self.n_commands = self._segments[-1].end_cmd if self._segments else 0
+        self._starts = [s.first_cmd for s in self._segments]
         waits_by: dict[int, list[int]] = {}
-        for before, target in waits:
+        for before, target in self.plain_waits:
             waits_by.setdefault(before, []).append(target)
         self._waits = {c: tuple(sorted(ts)) for c, ts in waits_by.items()}
         # the loops a tl.wait outside them holds a command of (one issued just before a loop holds its first)
-        self._held = frozenset(seg.number for seg in self.loops
+        self._held = frozenset(seg.number for seg in self._loops
                                if any(seg.first_cmd <= c < seg.end_cmd for c in self._waits))
+
+    def _made(self) -> "Trace":
+        make = self._make
+        if make is not None:
+            self._make = None
+            self._set(make())
+        return self
+
+    @property
+    def segments(self) -> tuple[Segment, ...]:
+        """The segments that hold commands (an empty loop holds none)."""
+        return self._made()._segments
+
+    @property
+    def all_segments(self) -> tuple[Segment, ...]:
+        """Every segment as traced, empty loops included."""
+        return self._made()._all
+
+    @property
+    def loops(self) -> tuple[Loop, ...]:
+        return self._made()._loops
 
     @property
     def commands(self) -> "CommandList":
@@ -164,7 +202,7 @@ class Trace:
 
     def segment_of(self, cid: int) -> Segment:
         """The segment holding command id ``cid``."""
-        return self.segments[bisect.bisect_right(self._starts, cid) - 1]
+        return self.segments[bisect.bisect_right(self._starts, cid) - 1]  # (segments made it)
 
     def command(self, cid: int) -> Command:
         seg = self.segment_of(cid)
@@ -218,37 +256,6 @@ class Trace:
         return out
 
 
-class LazyTrace(Trace):
-    """A :class:`Trace` whose segments are made when first read.
-
-    ``build`` returns ``(segments, waits)``, the arguments of :class:`Trace`.
-    Until something reads the commands or the loops, only ``n_commands`` is
-    known. A launch that followed an identical one (``triton_emu.follow``) is
-    traced this way: its composites are lowered only if something asks for
-    them, which a device run whose replication copies that launch's records
-    never does.
-    """
-
-    def __init__(self, build: Callable[[], tuple[Sequence[Segment], Sequence[tuple[int, int]]]], n_commands: int):
-        self.n_commands = n_commands
-        self._build = build
-
-    def __getattr__(self, name: str) -> Any:
-        # only called for what is not set yet: every attribute Trace.__init__ sets
-        build = self.__dict__.get("_build")
-        if build is None or name.startswith("__"):
-            raise AttributeError(name)
-        segments, waits = build()
-        Trace.__init__(self, segments, waits)
-        self._build = None
-        return getattr(self, name)
-
-    def __repr__(self) -> str:
-        if self.__dict__.get("_build") is not None:
-            return f"Trace({self.n_commands} commands, not lowered yet)"
-        return super().__repr__()
-
-
 class CommandList(Sequence):
     """Every command of a trace, in program order, instantiated on access (ints, negative ints and slices)."""
 
@@ -283,6 +290,34 @@ class CommandList(Sequence):
 
     def __repr__(self) -> str:
         return f"CommandList({len(self)} commands)"
+
+
+def commands_of(trace: Trace) -> Iterator[Command]:
+    """The trace's commands as traced: plain ones, and a loop's body once."""
+    for s in trace.all_segments:
+        yield from (s.commands if isinstance(s, Plain) else s.body)
+
+
+def handles_of(trace: Trace) -> Iterator[Any]:
+    """Every handle of the trace's commands as traced (a loop's body once), each followed by the parts a loop
+    handle is made of; in an order that depends on the trace's structure alone (two bindings of one trace give
+    their handles side by side)."""
+    for c in commands_of(trace):
+        hs = [c.completion.primary_out]
+        if isinstance(c, DmaCmd):
+            hs += [c.src, c.dst]
+        else:
+            for op in c.ops:
+                hs += [*op.operands.values(), op.out]
+            hs += [*c.rw_handles, *c.scratch]
+        while hs:
+            h = hs.pop()
+            if h is None:
+                continue
+            yield h
+            if isinstance(h, LoopHandle):
+                hs += [y for y in (h.root, h.prefix) if y is not None and not isinstance(y, CommandName)]
+                hs += list(h.slots)
 
 
 def loop_period(var: LoopVar) -> int:

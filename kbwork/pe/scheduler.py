@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
 from ..config import Topology
 from ..errors import SimulationError
@@ -408,6 +408,7 @@ class Cursor:
 
     def __init__(self, program: Program, table: StageTable, commands: CommandTable, cmd_offset: int = 0):
         self.program = program
+        self.topo = program.topo
         self.table = table
         self.commands = commands
         self.cmd_offset = cmd_offset
@@ -772,6 +773,58 @@ class Schedule:
         """How many commands back a static edge reaches: the largest ``cmd(s) - cmd(p)`` over every plan
         stage ``s`` and its dependency ``p`` (staging-ring edges reach back to earlier commands)."""
         return self.reach
+
+    @property
+    def n_commands(self) -> int:
+        return len(self.ctab)
+
+    @property
+    def n_stages(self) -> int:
+        return len(self.table)
+
+    def periods(self) -> list[tuple[int, int, int]]:
+        """The periods a steady state inserted: none (every stage here was simulated)."""
+        return []
+
+
+class ScheduleView(Protocol):
+    """What a run holds as its program (DESIGN.md §19), whatever made it: the full :class:`Schedule`, the
+    expanded steady one (``device.expand.ExpandedSchedule``) or a replica (``device.device.Replica``).
+
+    ``commands`` are the commands in program order and ``table`` the stages (columns indexed by seq; ``len``
+    is the number of stages); ``n_commands`` and ``n_stages`` their lengths. The per-command columns
+    (``labels``, ``iters``, ``dispatch_seq``, ``plan_seq``, ``plan_first``, ``plan_end``, ``logical_bytes``,
+    ``waits``, ``reads``, ``writes``) take ints, negative ints and slices, as ``commands`` does.
+    """
+
+    topo: Topology
+    table: Any
+    commands: Sequence[Command]
+    loops: tuple
+    reach: int
+
+    @property
+    def n_commands(self) -> int: ...
+
+    @property
+    def n_stages(self) -> int: ...
+
+    labels: Sequence[str]
+    iters: Sequence[int]
+    dispatch_seq: Sequence[int]
+    plan_seq: Sequence[int]
+    plan_first: Sequence[int]
+    plan_end: Sequence[int]
+    logical_bytes: Sequence[int]
+    waits: Sequence[tuple[int, ...]]
+    reads: Sequence[tuple]
+    writes: Sequence[tuple]
+
+    def edge_reach(self) -> int: ...
+
+    def periods(self) -> list[tuple[int, int, int]]:
+        """``(dseq, lo, hi)`` per period a steady state inserted (empty for a run simulated in full)."""
+        ...
 
 
 def lower(program: Program) -> Schedule:

@@ -22,87 +22,24 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
-
-import numpy as np
+from typing import Any
 
 from ..config import Topology
 from ..errors import TraceError, ValidationError
-from ..memory import DTYPE_MAX, DTYPES, Arena, CommandName, Handle, LoopHandle, Memory, Ring, Space
+from ..memory import DTYPES, Arena, CommandName, Handle, LoopHandle, Memory, Ring, Space
 from ..pe.commands import Command, Completion, CompositeCmd, DmaCmd, OpSpec, Scope
-from ..pe.ops import OPS
-from ..pe.program import LazyTrace, Loop, Plain, Trace, loop_period
+from ..pe.program import Loop, Plain, Trace, loop_period
 from ..symbolic import FIX, Index, LoopVar
-from .follow import At, lowered_segments, snapshot
+from .binding import unwrap, unwrap_entries
 from .tl_recipes import RECIPE_DESCRIPTORS, RecipeDescriptor
+from .validate import (_NO_OPS, At, _check_list, _entry_kind, _entry_op, _gemm_spec, _is_handle, _is_int,
+                       _made_by_recipe, _math_head, _recipe_notes, _validate_ops, check_scalar)
 
-if TYPE_CHECKING:
-    from .follow import Follower, Recording
-
-_SCOPES = {"kernel": Scope.KERNEL, "k_tile": Scope.K_TILE, "output_tile": Scope.OUTPUT_TILE}
 #: The most commands one launch may hold once its tl.range loops are instantiated. The steady state can time
 #: far more, but the op_log and everything read from it have a row per stage: a bound that an op_log can be
 #: built under (decode's largest run, 2**18 tiles of opt3, is about 2.6 M commands).
 MAX_COMMANDS = 1 << 26
-_FP32_MAX = float(np.finfo(np.float32).max)
 _DTYPE_NAMES = frozenset(DTYPES)
-
-
-def _scope(value: Any, where: str) -> Scope:
-    if isinstance(value, Scope):
-        return value
-    if isinstance(value, str) and value.lower() in _SCOPES:
-        return _SCOPES[value.lower()]
-    raise ValidationError(f"{where}: scope {value!r} is unknown; use one of {', '.join(_SCOPES)}.")
-
-
-def _is_handle(x: Any) -> bool:
-    return isinstance(x, Handle)
-
-
-#: no flat indices: a composite without a recipe (a module constant: in TLContext, ``range`` is tl.range)
-_NO_OPS = range(0)
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
-
-
-def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def check_scalar(where: str, name: str, value: Any) -> None:
-    """Refuse anything but a real number the PE can ship as a 4-byte scalar (DESIGN.md §2).
-
-    ints, floats and numpy real scalars are accepted, ±inf included; ``None``,
-    NaN, bools, strings, arrays, complex numbers and finite values beyond the
-    float32 range are refused.
-
-    Raises:
-        ValidationError: naming ``where``, the scalar and what to pass instead.
-    """
-    if isinstance(value, Index):
-        raise TraceError(f"{where}: {name}={value.text} is a tl.range index; a scalar the PE ships is a constant, "
-                         f"the same in every iteration ({FIX}).")
-    if value is None:
-        raise ValidationError(f"{where}: {name}=None; give it a number (int or float).")
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ValidationError(f"{where}: {name}={_show(value)} ({type(value).__name__}) is not a real number; "
-                              f"scalars are ints or floats (±inf allowed).")
-    try:
-        f = float(value)
-    except OverflowError:
-        f = math.inf if value > 0 else -math.inf
-        finite_input = True
-    else:
-        finite_input = math.isfinite(f) or isinstance(value, (int, np.integer))
-    if math.isnan(f):
-        raise ValidationError(f"{where}: {name} is NaN; scalars must be numbers (±inf allowed).")
-    if finite_input and (not math.isfinite(f) or abs(f) > _FP32_MAX):
-        raise ValidationError(f"{where}: {name}={_show(value)} is beyond the float32 range the PE ships scalars in "
-                              f"(|x| <= {_FP32_MAX:.4g}); pass a smaller value, or ±inf on purpose.")
 
 
 class TLContext:
@@ -118,8 +55,7 @@ class TLContext:
 
     Index = Index
 
-    def __init__(self, topo: Topology, memory: Memory, *, record: "Recording | None" = None,
-                 follow: "Follower | None" = None):
+    def __init__(self, topo: Topology, memory: Memory):
         self.topo = topo
         self.mem = memory
         self.hbm: Arena = memory.hbm
@@ -140,13 +76,9 @@ class TLContext:
         self._recipe_scratch: dict[tuple, dict[str, Handle]] = {}
         #: marks the completions this run hands out
         self._token = object()
-        #: a device run's first launch of a kind records its calls; a later launch of that kind follows them,
-        #: putting off the lowering of every call that equals the recorded one (see :mod:`.follow`)
-        self._record = record
-        self._follow = None
-        self._n_deferred = 0  # commands emitted whose lowering was put off
-        if follow is not None:
-            follow.start(self)
+        #: TCM buffers named after their source (``tl.load`` without ``name=``): ``id(buffer) -> (buffer, source,
+        #: suffix)``, so that a trace bound to other tensors names them after its own (``binding``)
+        self.named_after: dict[int, tuple[Handle, Handle, str]] = {}
 
     def __repr__(self) -> str:
         it = self._iter.text if isinstance(self._iter, Index) else self._iter
@@ -162,8 +94,8 @@ class TLContext:
         self._check_open()
         if self._loop is not None:
             raise TraceError("the kernel ended inside a tl.range body; a body must run to its end.")
-        return self._trace_of(self._segments + ([Plain(self._plain_first, tuple(self._plain))] if self._plain else []),
-                              self._ncmd)
+        return Trace(self._segments + ([Plain(self._plain_first, tuple(self._plain))] if self._plain else []),
+                     list(self.waits))
 
     @property
     def commands(self):
@@ -171,17 +103,7 @@ class TLContext:
         if self._loop is None:
             return self.trace().commands
         # inside a body: the commands before it (the body's own are not instantiated yet)
-        return self._trace_of(self._segments + [Plain(self._plain_first, tuple(self._plain))]).commands
-
-    def _trace_of(self, segments: list[Plain | Loop], n_commands: int | None = None) -> Trace:
-        """The trace of ``segments`` (``n_commands`` in all, if known): a :class:`LazyTrace` when some of their
-        commands are yet to be lowered."""
-        waits = list(self.waits)
-        if not self._n_deferred:
-            return Trace(segments, waits)
-        if n_commands is None:  # Trace reads no command to count them
-            n_commands = Trace(segments, waits).n_commands
-        return LazyTrace(lambda: (lowered_segments(segments), waits), n_commands)
+        return Trace(self._segments + [Plain(self._plain_first, tuple(self._plain))], list(self.waits)).commands
 
     def _check_open(self) -> None:
         if self._broken is not None:
@@ -302,10 +224,11 @@ class TLContext:
         Raises:
             ValidationError: ``t`` is not a HBM handle of this simulator.
         """
-        if not _is_handle(t) or t.space != Space.HBM:
+        h = unwrap(t)
+        if not _is_handle(h) or h.space != Space.HBM:
             raise ValidationError(f"tl.ref expects a HBM tensor handle, got {t!r}; "
                                   f"place host data with sim.hbm(name, array).")
-        self._own(t, "tl.ref")
+        self._own(h, "tl.ref")
         return t
 
     def alloc(self, shape: Sequence[int] | int, dtype: Any = "fp32", *, name: str) -> Handle:
@@ -392,25 +315,21 @@ class TLContext:
             ValidationError: ``src`` is not a HBM handle of this simulator.
             TcmOverflowError: the TCM cannot hold it.
         """
-        args = (src, name, label)
-        follow = self._follow
-        followed = follow is not None and follow.call("load", args)
+        src = unwrap(src)
         if not _is_handle(src) or src.space != Space.HBM:
             raise ValidationError(f"tl.load expects a HBM handle, got {src!r}; a TCM handle is already loaded.")
         self._own(src, "tl.load")
-        ctx = self._ctx() if self._record is not None else None
         dst = self.alloc(src.shape, src.dtype, name=f"{src.name}_tcm" if name is None else name)
-        if name is None and isinstance(src, LoopHandle):  # named after a source that differs per iteration
-            dst = LoopHandle.named(dst, src, "_tcm")
+        if name is None:  # named after its source: a trace bound to other tensors names it after theirs
+            if isinstance(src, LoopHandle):  # a source that differs per iteration
+                dst = LoopHandle.named(dst, src, "_tcm")
+            else:
+                self.named_after[id(dst)] = (dst, src, "_tcm")
         self._emit(self._dma(src, dst, label, "dma_load "))
-        if followed:
-            follow.made(dst)
-        elif ctx is not None:
-            self._record.add("load", args, ctx, dst)
         return dst
 
     def _dma(self, src: Handle, dst: Handle, label: str | None, verb: str) -> DmaCmd:
-        auto = verb if label is None and isinstance(src, LoopHandle) else None
+        auto = verb if label is None else None  # a default label names the source: made again where it moves
         return DmaCmd(self._next(), src, dst, self._label(label, verb + src.name), self._iter, auto)
 
     def store(self, src: Handle, dst: Handle, *, label: str | None = None) -> Completion:
@@ -420,10 +339,7 @@ class TLContext:
             ValidationError: wrong spaces, handles not of this run, or shapes/dtypes that differ
                 (a DMA does not convert).
         """
-        args = (src, dst, label)
-        follow = self._follow
-        if follow is not None:
-            follow.call("store", args)
+        src, dst = unwrap(src), unwrap(dst)
         if not _is_handle(src) or src.space != Space.TCM:
             raise ValidationError(f"tl.store: source must be a TCM handle, got {src!r}.")
         if not _is_handle(dst) or dst.space != Space.HBM:
@@ -434,8 +350,6 @@ class TLContext:
             raise ValidationError(f"tl.store {src.name} -> {dst.name}: shapes/dtypes differ "
                                   f"({src.shape} {src.dtype} vs {dst.shape} {dst.dtype}); a DMA copies bytes, "
                                   f"so allocate the destination with the same shape and dtype.")
-        if self._record is not None:
-            self._record.add("store", args, self._ctx(), None)
         return self._emit(self._dma(src, dst, label, "dma_store "))
 
     def wait(self, completion: Completion) -> None:
@@ -500,39 +414,21 @@ class TLContext:
                 not a real number, or a handle is not valid in this run.
         """
         self._check_open()
-        args = (op, a, b, c, out, trans_b, math_op, value, factor, prologue, epilogue, ops, rw_handles, label)
-        follow = self._follow
-        if follow is not None:
-            done = follow.composite(args)
-            if done is not None:
-                return done
-        where = self._where()
-        cmd, recipe = self._lower_composite(args, where, self._iter)
-        rec = self._record
-        if rec is not None:
-            rec.add("composite", snapshot(args), self._ctx(), recipe)
+        args = (op, unwrap(a), unwrap(b), unwrap(c), unwrap(out), trans_b, math_op, value, factor,
+                unwrap_entries(prologue), unwrap_entries(epilogue), unwrap_entries(ops), unwrap_entries(rw_handles),
+                label)
+        cmd, recipe = self._lower_composite(args, self._where(), self._iter)
         return self._emit(cmd)
 
-    def _where(self) -> At:
+    def _where(self) -> "At":
         """How errors name the command about to be emitted (``command #9 (in a tl.range body)``), written only
         when an error needs it."""
         return At(self._ncmd, self._loop is not None)
 
-    def _ctx(self) -> tuple:
-        """What lowering a call reads of the context besides its arguments (``triton_emu.follow``): the command's
-        id, the loop whose body is being traced, the ``iter`` label and how many scratch scopes are open."""
-        lp = self._loop
-        return (self._ncmd, None if lp is None else lp.var, self._iter, len(self._scopes))
-
-    def _lower_composite(self, args: tuple, where: str, iter_: int | Index,
-                         given: tuple[Completion, dict[str, Handle] | None] | None = None
-                         ) -> tuple[CompositeCmd, tuple | None]:
+    def _lower_composite(self, args: tuple, where: str, iter_: int | Index) -> tuple[CompositeCmd, tuple | None]:
         """Lower one ``tl.composite`` call (``args`` in the order of its parameters) to its command.
 
-        ``given`` is ``None`` when the call is being made: the handles' ownership is checked, the recipe's
-        scratch found or allocated, the completion made. A call that :mod:`.follow` put off passes what was
-        done when it was made instead, ``(completion, recipe scratch or None)``: lowering is then a function of
-        the call's arguments alone, whenever it runs.
+        The handles' ownership is checked, the recipe's scratch found or allocated, the completion made.
 
         Returns:
             The command, and where its recipe is (``((part, index), descriptor, scratch)``, or ``None``).
@@ -547,7 +443,6 @@ class TLContext:
                 _check_list(seq, f"tl.composite: {what}=")
         if trans_b is None:
             trans_b = False
-        scratch_of = None if given is None else given[1]
         if ops is not None:
             given_args = [k for k, v in dict(op=op, a=a, b=b, c=c, out=out, math_op=math_op, value=value,
                                               factor=factor).items() if v is not None]
@@ -555,20 +450,19 @@ class TLContext:
                 raise ValidationError(f"tl.composite: the flat form ops=[...] takes no "
                                       f"{', '.join(given_args) or 'prologue/epilogue/trans_b'}; put everything into "
                                       f"the OpSpecs.")
-            flat, rw, scratch, primary, notes, recipe = self._lower_flat(ops, rw_handles, where, scratch_of)
+            flat, rw, scratch, primary, notes, recipe = self._lower_flat(ops, rw_handles, where)
         else:
             flat, rw, scratch, primary, notes, recipe = self._lower_legacy(
-                op, a, b, c, out, trans_b, math_op, value, factor, prologue, epilogue, rw_handles, where, scratch_of)
+                op, a, b, c, out, trans_b, math_op, value, factor, prologue, epilogue, rw_handles, where)
         for h in rw:
             if not _is_handle(h):
                 raise ValidationError(f"{where}: rw_handles holds {h!r}, which is not a tensor handle.")
-            if given is None and not self._owns(h):
+            if not self._owns(h):
                 self._own(h, f"{where} rw_handles")
         made = _made_by_recipe(notes)
-        if given is None:
-            self._check_ops(flat, where, made)
+        self._check_ops(flat, where, made)
         _validate_ops(flat, where, notes, made)
-        completion = self._next(primary) if given is None else given[0]
+        completion = self._next(primary)
         return CompositeCmd(completion, flat, rw, True, scratch,
                             label if label is not None else "+".join(o.kind for o in flat), iter_), recipe
 
@@ -636,9 +530,6 @@ class TLContext:
     def _emit(self, cmd: Command) -> Completion:
         if self._broken is not None:
             raise TraceError(self._broken)
-        follow = self._follow
-        if follow is not None and not follow.announced():
-            follow.stop()  # a command no recorded call accounts for: this launch is the recorded one no longer
         lp = self._loop
         if lp is None:
             self._plain.append(cmd)
@@ -648,8 +539,7 @@ class TLContext:
         self._ncmd += 1
         return cmd.completion
 
-    def _lower_flat(self, ops: Sequence[OpSpec], rw_handles: Sequence[Handle], where: str,
-                    scratch_of: dict[str, Handle] | None = None):
+    def _lower_flat(self, ops: Sequence[OpSpec], rw_handles: Sequence[Handle], where: str):
         _check_list(ops, "tl.composite(ops=...): ops")
         flat: list[OpSpec] = []
         rw: list[Handle] = []
@@ -668,7 +558,7 @@ class TLContext:
                 if o.out is not None:
                     raise ValidationError(f"{where} op {i}: recipe {o.kind!r} writes its own scratch; give it no out=.")
                 entry = {"scope": o.scope, **o.operands, **o.extra}
-                specs, r_rw, scratch_set, primary = self._expand_recipe(rd, entry, f"{where} op {i}", scratch_of)
+                specs, r_rw, scratch_set, primary = self._expand_recipe(rd, entry, f"{where} op {i}")
                 scratch = tuple(scratch_set.values())
                 recipe = (("ops", i), rd, scratch_set)
                 notes.append(_recipe_notes(rd, f"ops[{i}]", len(flat)))
@@ -683,8 +573,7 @@ class TLContext:
         rw += [h for h in rw_handles if h not in rw]
         return tuple(flat), tuple(rw), scratch, primary, notes, recipe
 
-    def _lower_legacy(self, op, a, b, c, out, trans_b, math_op, value, factor, prologue, epilogue, rw, where,
-                      scratch_of=None):
+    def _lower_legacy(self, op, a, b, c, out, trans_b, math_op, value, factor, prologue, epilogue, rw, where):
         if op not in ("gemm", "math"):
             raise ValidationError(f"tl.composite: op={op!r}; use op='gemm' or op='math', or the flat form ops=[...].")
         pre: list[OpSpec] = []
@@ -700,8 +589,7 @@ class TLContext:
             if rd is not None:
                 if scratch:
                     raise ValidationError(f"prologue[{i}]: only one recipe per composite is supported.")
-                specs, recipe_rw, scratch_set, primary = self._expand_recipe(rd, entry, f"{where} prologue[{i}]",
-                                                                             scratch_of)
+                specs, recipe_rw, scratch_set, primary = self._expand_recipe(rd, entry, f"{where} prologue[{i}]")
                 scratch = tuple(scratch_set.values())
                 recipe = (("prologue", i), rd, scratch_set)
                 notes.append(_recipe_notes(rd, f"prologue[{i}]", len(pre)))
@@ -752,12 +640,8 @@ class TLContext:
         rw_all = tuple(recipe_rw) + tuple(h for h in rw if h not in recipe_rw)
         return flat, rw_all, scratch, primary, notes, recipe
 
-    def _expand_recipe(self, rd: RecipeDescriptor, entry: Mapping[str, Any], where: str,
-                       scratch_of: dict[str, Handle] | None = None):
-        """Expand one recipe entry: ``(ops, rw handles, scratch set by name, primary output or None)``.
-
-        ``scratch_of``: the scratch this call found or allocated when it was made (a call :mod:`.follow` put
-        off); its operands' ownership was checked then, and is not again."""
+    def _expand_recipe(self, rd: RecipeDescriptor, entry: Mapping[str, Any], where: str):
+        """Expand one recipe entry: ``(ops, rw handles, scratch set by name, primary output or None)``."""
         where = f"{where}: recipe {rd.name!r}"
         if entry.get("scope", "kernel") not in ("kernel", Scope.KERNEL):
             raise ValidationError(f"{where}: a recipe runs once before the tile loop; drop scope=.")
@@ -779,7 +663,7 @@ class TLContext:
             h = given[n]
             if not _is_handle(h):
                 raise ValidationError(f"{where}: operand {n!r} must be a tensor handle, got {h!r}.")
-            if scratch_of is None and not self._owns(h):
+            if not self._owns(h):
                 self._own(h, f"{where} operand {n!r}")
             if h.space != Space.TCM:
                 raise ValidationError(f"{where}: operand {n}={h.name} is in HBM (a {role} operand); recipe operands must "
@@ -797,7 +681,7 @@ class TLContext:
                 raise ValidationError(f"{where}: param {p!r} has no default; pass it, e.g. {{..., {p!r}: 1e-6}}.")
             check_scalar(where, p, v)
             params[p] = v
-        scratch = self._recipe_scratch_for(rd, operands, where) if scratch_of is None else scratch_of
+        scratch = self._recipe_scratch_for(rd, operands, where)
         env: dict[str, Handle] = {**operands, **scratch}
         specs = []
         for kind, ports, srcs, dst, scalars in rd.steps:
@@ -943,28 +827,6 @@ def _address_period(h: LoopHandle) -> int | None:
     return 1
 
 
-def _recipe_notes(rd: RecipeDescriptor, entry: str, first: int) -> tuple[int, int, str, str]:
-    """How validation names the ops a recipe expanded into: ``(first flat index, steps, recipe, entry)``, put
-    into words (``step 2 of recipe 'softmax_merge' in prologue[0]``) only when an error needs them."""
-    return first, len(rd.engine_seq), rd.name, entry
-
-
-def _made_by_recipe(notes: Sequence[tuple[int, int, str, str]]) -> range:
-    """The flat indices of the ops a composite's recipe expanded into (a composite holds at most one recipe)."""
-    if not notes:
-        return _NO_OPS
-    first, steps, _, _ = notes[0]
-    return range(first, first + steps)
-
-
-def _check_list(seq: Any, what: str) -> None:
-    if seq.__class__ is list or seq.__class__ is tuple:
-        return
-    if isinstance(seq, (str, bytes, Mapping)) or not isinstance(seq, Sequence):
-        raise ValidationError(f"{what} must be a list, got {type(seq).__name__} {seq!r}"
-                              + ("; wrap the dict in a list: [{...}]." if isinstance(seq, Mapping) else "."))
-
-
 class _Range:
     """What ``tl.range(...)`` returns: an iterable, like Python's ``range``; each ``for`` over it traces a loop."""
 
@@ -1011,254 +873,3 @@ class _Iteration:
         self.tl._iter = self.prev
 
 
-# --- lowering helpers -------------------------------------------------------------------------
-def _entry_kind(entry: Any, where: str) -> str:
-    if not isinstance(entry, Mapping) or "op" not in entry:
-        raise ValidationError(f"{where}: expected a dict with an 'op' key, e.g. {{'op': 'scale', 'factor': 0.5}}; "
-                              f"got {entry!r}.")
-    kind = entry["op"]
-    if not isinstance(kind, str):
-        raise ValidationError(f"{where}: 'op' must name an op or recipe (a string), got {kind!r}.")
-    return kind
-
-
-def _entry_op(entry: Any, where: str, default_scope: Scope) -> OpSpec:
-    kind = _entry_kind(entry, where)
-    if kind in RECIPE_DESCRIPTORS:
-        raise ValidationError(f"{where}: recipe {kind!r} can only appear in prologue=[...].")
-    if kind not in OPS or kind == "gemm":
-        raise ValidationError(f"{where}: unknown op {kind!r}; MATH ops are {', '.join(k for k in OPS if k != 'gemm')} "
-                              f"and recipes are {', '.join(RECIPE_DESCRIPTORS)}.")
-    info = OPS[kind]
-    scope = _scope(entry.get("scope", default_scope), where)
-    operands: dict[str, Handle] = {}
-    extra: dict[str, Any] = {}
-    out = None
-    for key, val in entry.items():
-        if key in ("op", "scope"):
-            continue
-        if key == "out":
-            out = val
-        elif key in info.shipped:
-            extra[key] = val
-        else:
-            operands[key] = val
-    return OpSpec.built(kind, scope, operands, extra, out)
-
-
-def _gemm_spec(a, b, out, trans_b, c) -> OpSpec:
-    if c is not None:
-        raise ValidationError("tl.composite(op='gemm') takes a, b and out; c= is for op='math'.")
-    if not isinstance(trans_b, (bool, np.bool_)):
-        raise ValidationError(f"tl.composite(op='gemm'): trans_b must be True or False, got {trans_b!r}.")
-    for n, h in (("a", a), ("b", b), ("out", out)):
-        if not _is_handle(h):
-            raise ValidationError(f"tl.composite(op='gemm'): {n}= must be a tensor handle, got {h!r}.")
-    if a.ndim != 2 or b.ndim != 2:
-        raise ValidationError(f"GEMM operands must be 2-D: a={a!r}, b={b!r}.")
-    M, K = a.shape
-    N = b.shape[0] if trans_b else b.shape[1]
-    return OpSpec.built("gemm", Scope.KERNEL, {"a": a, "b": b}, {"m": M, "k": K, "n": N, "trans_b": bool(trans_b)},
-                        out)
-
-
-def _math_head(math_op, a, b, c, out, value, factor) -> OpSpec:
-    if not isinstance(math_op, str) or math_op not in OPS or math_op == "gemm":
-        raise ValidationError(f"tl.composite(op='math'): math_op={math_op!r} is unknown; use one of "
-                              f"{', '.join(k for k in OPS if k != 'gemm')}.")
-    info = OPS[math_op]
-    given = [(n, h) for n, h in (("a", a), ("b", b), ("c", c)) if h is not None]
-    if len(given) != len(info.operands):
-        raise ValidationError(f"math op {math_op!r} takes {len(info.operands)} operand(s) "
-                              f"({', '.join(info.operands) or 'none'}) passed as a=, b=, c=; got "
-                              f"{', '.join(n for n, _ in given) or 'none'}.")
-    operands = {port: h for port, (_, h) in zip(info.operands, given)}
-    extra = {key: val for key, val in (("value", value), ("factor", factor)) if val is not None}
-    return OpSpec.built(math_op, Scope.KERNEL, operands, extra, out)
-
-
-# --- validation (shared by both forms) ----------------------------------------------------------
-def validate_ops(ops: tuple[OpSpec, ...], where: str | int = "composite") -> None:
-    """Check a flat op list against DESIGN.md §3 invariants and §2's scalar rules.
-
-    Raises:
-        ValidationError: naming the op (position and kind), the operand and the fix.
-    """
-    _validate_ops(ops, f"command #{where}" if isinstance(where, int) else where)
-
-
-def _validate_ops(ops: tuple[OpSpec, ...], where: str, notes: Sequence[tuple[int, int, str, str]] = (),
-                  made: range = _NO_OPS) -> None:
-    """:func:`validate_ops`; ``notes`` says where ops came from (recipe steps, :func:`_recipe_notes`), for the
-    messages. The ops at ``made`` are a recipe's expansion (:func:`_made_by_recipe`), built from a descriptor
-    checked when it was registered, on operands the expansion checked (TCM handles of this run) and on scratch
-    it allocated in TCM: their operand names, handle types and spaces hold by construction and are not checked
-    again; their scalars, scope, outputs and shapes are."""
-    if not ops:
-        raise ValidationError(f"{where}: a composite needs at least one op.")
-    gemms = [i for i, o in enumerate(ops) if o.kind == "gemm"]
-    if len(gemms) > 1:
-        raise ValidationError(f"{where}: {len(gemms)} GEMM ops (at positions {gemms}); a composite holds at most "
-                              f"one GEMM (ADR-0065 D6.1). Split it into one composite per GEMM.")
-    head = gemms[0] if gemms else 0
-    target: Handle | None = None
-    for i, o in enumerate(ops):
-        w = _Where((where, i, o.kind, notes))
-        info = OPS.get(o.kind)
-        if info is None:
-            extra = (f"; recipes ({', '.join(RECIPE_DESCRIPTORS)}) are expanded by tl.composite"
-                     if o.kind in RECIPE_DESCRIPTORS else "")
-            raise ValidationError(f"{w}: unknown op kind {o.kind!r}; known kinds are {', '.join(OPS)}{extra}.")
-        operands = o.operands
-        trusted = i in made
-        if not trusted and operands.keys() != info.operand_set:
-            missing = [n for n in info.operands if n not in operands]
-            unknown = [n for n in operands if n not in info.operands]
-            raise ValidationError(f"{w}: operands {list(operands)} do not match; {o.kind} takes "
-                                  f"{', '.join(info.operands) or 'no operands'}"
-                                  + (f" (missing {', '.join(missing)})" if missing else "")
-                                  + (f" (unknown {', '.join(map(str, unknown))})" if unknown else "") + ".")
-        extra = o.extra
-        if extra.keys() != info.shipped_set:
-            raise ValidationError(f"{w}: scalars {list(extra)} do not match; {o.kind} takes "
-                                  f"{', '.join(info.shipped) or 'none'}.")
-        for n in info.scalars:
-            check_scalar(w, n, extra[n])
-        out = o.out
-        for n, h in () if trusted else operands.items():
-            if h.__class__ is not Handle and not isinstance(h, Handle):
-                raise ValidationError(f"{w}: operand {n!r} must be a tensor handle, got {h!r}.")
-            if i != head and h.space is not Space.TCM:
-                raise ValidationError(f"{w}: {'prologue' if i < head else 'epilogue'} operand {n}={h.name} is in "
-                                      f"HBM; only the head op may stream from HBM (ADR-0065 D6.7). tl.load it into "
-                                      f"TCM first.")
-        if info.accumulator:
-            if out is not None:
-                raise ValidationError(f"{w}: {o.kind} updates the accumulator in place and takes no out=.")
-        elif not isinstance(out, Handle):
-            raise ValidationError(f"{w}: out= must be a tensor handle, got {out!r}.")
-        elif out.space is not Space.TCM and (i != head or not gemms):
-            if i != head:
-                raise ValidationError(f"{w}: {'prologue' if i < head else 'epilogue'} operand out={out.name} is in "
-                                      f"HBM; only the head op may stream from HBM (ADR-0065 D6.7). tl.load it into "
-                                      f"TCM first.")
-            raise ValidationError(f"{w}: out={out.name} is in HBM; MATH ops write TCM. Write to a tl.alloc "
-                                  f"handle and tl.store it.")
-        if i < head and o.scope is not Scope.KERNEL:
-            raise ValidationError(f"{w}: ops before the GEMM run once (scope 'kernel'), got {o.scope.value!r}.")
-        if o.kind == "gemm":
-            _check_gemm(o, w)
-        elif gemms and i > head and o.scope is not Scope.KERNEL:
-            if not info.accumulator:
-                raise ValidationError(f"{w}: scope {o.scope.value!r} runs on the accumulator tile, which only "
-                                      f"scale and add can do; use scope 'kernel' for a post-loop op.")
-            other = operands.get("other")
-            if other is not None and other.shape != ops[head].out.shape:
-                raise ValidationError(f"{w}: other={other.name} has shape {other.shape}, the GEMM output "
-                                      f"{ops[head].out.name} has {ops[head].out.shape}; they must match.")
-        else:
-            if gemms and i > head and info.accumulator and target.space is not Space.TCM:
-                raise ValidationError(f"{w}: post-loop {o.kind} updates {target.name} in place, but {target.name} "
-                                      f"is in HBM; MATH ops work on TCM. Give the GEMM a TCM out (tl.alloc) and "
-                                      f"tl.store it, or use scope 'output_tile' to {o.kind} the accumulator.")
-            _check_math(o, w, target, info)
-        if out is not None:
-            target = out
-
-
-class _Where(tuple):
-    """Where an op sits in a composite, ``(where, i, kind, notes)``, in words only when an error needs them
-    (``f"{w}: ..."``). A tuple: one is made for every op validated, and making a tuple runs no Python code."""
-
-    __slots__ = ()
-
-    @property
-    def note(self) -> str | None:
-        """Which recipe step the op is, if a recipe made it."""
-        i = self[1]
-        for first, steps, recipe, entry in self[3]:
-            if first <= i < first + steps:
-                return f"step {i - first + 1} of recipe {recipe!r} in {entry}"
-        return None
-
-    def __str__(self) -> str:
-        where, i, kind, _ = self
-        note = self.note
-        return f"{where} op {i} ({kind}{', ' + note if note else ''})"
-
-    def __format__(self, spec: str) -> str:
-        return format(str(self), spec)
-
-    def __repr__(self) -> str:
-        return f"_Where({str(self)!r})"
-
-
-def _check_gemm(o: OpSpec, w: str) -> None:
-    a, b, out = o.operands["a"], o.operands["b"], o.out
-    M, K, N, tb = o.extra["m"], o.extra["k"], o.extra["n"], o.extra["trans_b"]
-    if not all(_is_int(x) for x in (M, K, N)) or not isinstance(tb, (bool, np.bool_)):
-        raise ValidationError(f"{w}: m, k, n must be ints and trans_b a bool; got m={M!r}, k={K!r}, n={N!r}, "
-                              f"trans_b={tb!r}.")
-    if a.ndim != 2 or b.ndim != 2 or out.ndim != 2:
-        raise ValidationError(f"{w}: a, b and out must be 2-D (a {a.shape}, b {b.shape}, out {out.shape}).")
-    want_b = (N, K) if tb else (K, N)
-    if a.shape != (M, K) or b.shape != want_b or out.shape != (M, N):
-        raise ValidationError(f"{w}: shape mismatch: a={a.name} {a.shape} must be (m, k)=({M}, {K}), "
-                              f"b={b.name} {b.shape} must be {want_b}{' (trans_b)' if tb else ''}, "
-                              f"out={out.name} {out.shape} must be ({M}, {N}).")
-
-
-def _check_math(o: OpSpec, w: str, target: Handle | None, info) -> None:
-    if info.accumulator:
-        if target is None:
-            raise ValidationError(f"{w}: {o.kind} updates the preceding op's output, but no earlier op has one.")
-        other = o.operands.get("other")
-        if other is not None and other.shape != target.shape:
-            raise ValidationError(f"{w}: other={other.name} {other.shape} must match {target.name} {target.shape}.")
-        return
-    out = o.out
-    if o.kind == "fill":
-        v = float(o.extra["value"])
-        limit = DTYPE_MAX[out.dtype]
-        if math.isfinite(v) and abs(v) > limit:
-            raise ValidationError(f"{w}: value={o.extra['value']!r} overflows out={out.name}'s dtype "
-                                  f"{out.dtype} (|x| <= {limit:.6g}); it would be stored as inf.")
-    if info.reduction:
-        a = o.operands["a"]
-        want = (a.shape[0], 1)
-        if a.ndim != 2 or out.shape != want:
-            raise ValidationError(f"{w}: {o.kind} reduces each row of a 2-D a={a.name} {a.shape} into out of "
-                                  f"shape {want}; out={out.name} is {out.shape}.")
-        return
-    if o.kind in ("mul_bcast", "div_bcast"):
-        a, b = o.operands["a"], o.operands["b"]
-        if b.shape not in ((a.shape[0], 1), a.shape):
-            raise ValidationError(f"{w}: b={b.name} {b.shape} must be a per-row column ({a.shape[0]}, 1).")
-    shape = out.shape
-    col = (shape[0], 1) if len(shape) == 2 else None
-    for h in o.operands.values():
-        if h.shape != shape and h.shape != col:
-            break
-    else:  # the common cases: nothing to broadcast, or a per-row column beside full rows
-        return
-    if _broadcast([h.shape for h in o.operands.values()] + [shape]) != shape:
-        desc = ", ".join(f"{n}={h.name} {h.shape}" for n, h in o.operands.items())
-        raise ValidationError(f"{w}: operand shapes ({desc}) do not broadcast to out={out.name} {out.shape}.")
-
-
-def _broadcast(shapes: list[tuple[int, ...]]) -> tuple[int, ...] | None:
-    """numpy's broadcast of ``shapes`` (None when they do not broadcast); small and allocation-free."""
-    first = shapes[0]
-    if all(s == first for s in shapes):
-        return first
-    nd = max(len(s) for s in shapes)
-    dims = []
-    for k in range(1, nd + 1):
-        d = 1
-        for s in shapes:
-            if len(s) >= k and s[-k] != 1:
-                if d != 1 and d != s[-k]:
-                    return None
-                d = s[-k]
-        dims.append(d)
-    return tuple(reversed(dims))
