@@ -219,3 +219,15 @@ def test_kbwork_step_takes_mapping_and_merge(capsys):
                  "--merge", "host", "--json", "-q"]) == 0
     case = json.loads(capsys.readouterr().out)["cases"][0]
     assert (case["mapping"], case["merge"]) == ("split", "host")
+
+
+def test_the_step_panel_has_mapping_and_merge_controls():
+    from kbwork.model_panel import StepPanel
+
+    p = StepPanel(batch=1, context=16384, variants=("opt2",), schedules=("serial",), draw=False)
+    before = p.state["tokens_per_s"]
+    after = p.update(mapping="split", merge="host")["tokens_per_s"]
+    label = next(k for k in before if k.startswith("opt2") or "ahbm" in k)
+    assert after[label] > before[label] and "split mapping" in p.setting_text()
+    with pytest.raises(ValidationError, match="mapping must be one of"):
+        p.update(mapping="heads")
