@@ -243,3 +243,18 @@ def test_a_dependency_s_wait_stops_the_steady_state_and_it_stays_exact():
     plain = sim.run_device(plan, reductions=False, steady_state=False)
     assert steady.to_csv() == plain.to_csv()
     assert steady.steady_state.path == "steady"  # it engaged where no PE waited
+
+
+def test_the_device_gantt_outlines_each_pe_s_stretch_of_a_path_across_pes():
+    from kbwork import plots
+
+    sim = kbwork.Simulator(mode="timing", pes=2, hbm_channels=2, sync_cycles=100, **FREE_FRONT)
+    x = [sim.hbm(f"x{p}", shape=(1024,), dtype="fp32", channel=p) for p in range(2)]
+    a = Launch(load, x[0])
+    run = sim.run_device({0: [a], 1: [Launch(load, x[1], after=(a,))]})
+    assert sorted(set(run.critical_path().pe)) == [0, 1]
+    fig = plots.device_gantt(run)
+    labels = [ax.get_ylabel() for ax in fig.axes if ax.get_ylabel().startswith("PE")]
+    assert labels == ["PE 0 (critical path)", "PE 1 (critical path)"]
+    import matplotlib.pyplot as plt
+    plt.close(fig)
