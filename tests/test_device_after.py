@@ -258,3 +258,51 @@ def test_the_device_gantt_outlines_each_pe_s_stretch_of_a_path_across_pes():
     assert labels == ["PE 0 (critical path)", "PE 1 (critical path)"]
     import matplotlib.pyplot as plt
     plt.close(fig)
+
+
+def fan_in_merge(tl, parts, dst):
+    """Reads every part (on other PEs' channels) into one tile and stores it: a merge's traffic shape."""
+    acc = tl.alloc(dst.shape, "fp32", name="acc")
+    for part in parts:
+        t = tl.load(part)
+        tl.composite(op="math", math_op="copy", a=t, out=acc)
+    tl.store(acc, dst)
+
+
+def test_a_split_like_plan_replicates_goes_steady_and_equals_the_plain_run():
+    """Two heads, each split over four PEs (a long decode per PE), merged on the head's last PE after the other
+    three: the after edges and the merge's reads of other channels make each head one group; the two groups
+    are alike (one simulated, one replicated), the decode loops go steady, and every stage equals the plain
+    simulation's."""
+    from kbwork.kernels.gqa_decode import gqa_decode
+
+    sim = kbwork.Simulator("ahbm-device-v1", mode="timing", pes=8, hbm_channels=8)
+    plan = {}
+    for h in range(2):
+        outs, chunks = [], []
+        for c in range(4):
+            pe = 4 * h + c
+            t = lambda name, shape, dtype: sim.hbm(f"{name}{h}.{c}", shape=shape, dtype=dtype, channel=pe)  # noqa: E731
+            o = t("O", (4, 128), "fp32")
+            chunks.append(Launch(gqa_decode, t("q", (4, 128), "bf16"), t("K", (4096, 128), "bf16"),
+                                 t("V", (4096, 128), "bf16"), o, variant="opt2", tile=128))
+            plan[pe] = [chunks[-1]]
+            outs.append(o)
+        last = 4 * h + 3
+        plan[last].append(Launch(fan_in_merge, outs, sim.hbm(f"out{h}", shape=(4, 128), dtype="fp32", channel=last),
+                                 after=chunks[:-1]))
+    run = sim.run_device(plan)
+    plain = sim.run_device(plan, reductions=False, steady_state=False)
+    assert run.to_csv() == plain.to_csv()
+    assert (run.reductions.groups, run.reductions.simulated) == (2, 1)
+    assert run.steady_state.path == "steady"
+    # the merge's first DISPATCH: ready when PE 3's own decode has ended and 100 cycles after PEs 0-2's ends
+    n_decode = int((rows(run, 0).stage == "DISPATCH").sum())  # the decode's commands (the same on every PE)
+    pe3 = rows(run, 3)
+    decode3_end = int(pe3[pe3.cmd < n_decode].end.max())
+    merge = pe3[(pe3.cmd == n_decode) & (pe3.stage == "DISPATCH")].iloc[0]
+    want = max(decode3_end, max(int(rows(run, p).end.max()) for p in range(3)) + 100)
+    assert int(merge.ready) == int(merge.start) == want
+    assert want == decode3_end + 100  # four equal chunks end together: the signal latency binds
+    path = run.critical_path()  # so the path crosses to the lowest PE whose chunk ended then
+    assert "after" in set(path.cause) and sorted(set(path.pe)) == [0, 3]
