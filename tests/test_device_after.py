@@ -306,3 +306,26 @@ def test_a_split_like_plan_replicates_goes_steady_and_equals_the_plain_run():
     assert want == decode3_end + 100  # four equal chunks end together: the signal latency binds
     path = run.critical_path()  # so the path crosses to the lowest PE whose chunk ended then
     assert "after" in set(path.cause) and sorted(set(path.pe)) == [0, 3]
+
+
+@pytest.mark.parametrize("sync", [0, 2000, 20000, 200000])
+def test_a_gate_after_inserted_periods_counts_them(sync):
+    """PE 0's short launch ends early; PE 1 streams long enough for the steady state to insert periods, then
+    runs a launch after PE 0's: its gate compares PE 0's end (before the insertion) + sync with PE 1's own end
+    (after it). Equal to the plain simulation for a sync below, inside and beyond the stream's length."""
+    from device_cases import stream_kernel
+
+    sim = kbwork.Simulator(mode="timing", pes=2, hbm_channels=2, sync_cycles=sync)
+    rng = np.random.default_rng(1)
+    s = sim.hbm("s", rng.standard_normal((80 * 16, 64)).astype(np.float32), dtype="fp32", channel=1)
+    d = sim.hbm("d", shape=(80 * 16, 64), dtype="fp32", channel=1)
+    x = sim.hbm("x", shape=(1024,), dtype="fp32", channel=0)
+    short = Launch(load, x)
+    plan = {0: [short], 1: [Launch(stream_kernel, s, d, tile=16, op="copy"), Launch(load, x, after=(short,))]}
+    steady = sim.run_device(plan)
+    plain = sim.run_device(plan, reductions=False, steady_state=False)
+    assert steady.steady_state.path == "steady" and steady.steady_state.inserted > 0
+    assert steady.to_csv() == plain.to_csv()
+    last = rows(plain, 1).query("stage == 'DMA_READ'").iloc[-1]
+    stream_end = int(rows(plain, 1).iloc[:-3].end.max())
+    assert int(last.start) >= max(stream_end, int(rows(plain, 0).end.max()) + sync)
