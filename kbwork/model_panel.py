@@ -39,6 +39,7 @@ from .errors import KbworkError, ValidationError
 from . import keys as _keys
 from .model.bounds import BOUND_KINDS, bound_kind_of, physical_bound
 from .model.energy import HOST_ENERGY_KEYS, STEP_ENERGY_KEYS
+from .model.cli import figure
 from .model.schedule import SCHEDULES
 from .model.steps import _check_choice, cases
 from .plots import VARIANT_COLORS
@@ -144,7 +145,7 @@ class StepPanel:
 
     def __repr__(self) -> str:
         best = max(self.state["cases"], key=lambda c: c["tokens_per_s"])
-        return f"StepPanel({self.setting_text()}: best {best['label']}, {best['tokens_per_s']:.1f} tokens/s)"
+        return f"StepPanel({self.setting_text()}: best {best['label']}, {figure(best['tokens_per_s'])} tokens/s)"
 
     # --- the logic -----------------------------------------------------------------------------
     def _checked(self, changes: dict[str, Any]) -> dict[str, Any]:
@@ -259,10 +260,11 @@ class StepPanel:
 
     def summary_html(self) -> str:
         """One line per case: tokens/s, its share of its bound and what bounds the step."""
-        lines = [f"{'case':<28}{'tokens/s':>10}{'of bound':>10}{'tokens/J':>10}{'W':>8}  bound by"]
+        lines = [f"{'case':<28}{'tokens/s':>10}{'of bound':>10}{'tokens/J':>12}{'W':>8}  bound by"]
         for r in self.state["cases"]:
-            lines.append(f"{r['label']:<28}{r['tokens_per_s']:>10.1f}{r['of_bound']:>10.0%}{r['tokens_per_j']:>10.2f}"
-                         f"{r['watts']:>8.0f}  {r['bound_kind']}" + ("" if r["fits"] else "  (does not fit)"))
+            # significant digits, not fixed decimals: no nonzero rate prints as 0.0
+            lines.append(f"{r['label']:<28}{figure(r['tokens_per_s']):>10}{r['of_bound']:>10.0%}"
+                         f"{figure(r['tokens_per_j'], 2):>12}{r['watts']:>8.0f}  {r['bound_kind']}" + ("" if r["fits"] else "  (does not fit)"))
         return (f"<div style='font-family:monospace;line-height:1.35'>{html.escape(self.setting_text())}"
                 f"<pre style='margin:2px 0'>{html.escape(chr(10).join(lines))}</pre></div>")
 
@@ -313,8 +315,8 @@ class StepPanel:
             bar.set_edgecolor(color if not r["fits"] else ("white" if bar.get_hatch() else color))
             bar.set_linewidth(1.0 if r["fits"] else 1.6)
             text.set_x(r["tokens_per_s"] + 0.01 * hi)
-            text.set_text(f"{r['tokens_per_s']:,.1f}  ({r['of_bound']:.0%} of its bound; bound by {r['bound_kind']}); "
-                          f"{r['tokens_per_j']:.2f} tokens/J at {r['watts']:.0f} W"
+            text.set_text(f"{figure(r['tokens_per_s'])}  ({r['of_bound']:.0%} of its bound; bound by {r['bound_kind']}); "
+                          f"{figure(r['tokens_per_j'], 2)} tokens/J at {r['watts']:.0f} W"
                           + ("" if r["fits"] else "; does not fit"))
         # one legend entry per distinct bound; a bound equal to an earlier one is hidden under it
         shown, handles = [], []

@@ -190,9 +190,9 @@ class Simulator:
         """Run launches on the device's PEs (DESIGN.md §14): PE ``p`` runs ``launches[p]`` in order, back to back.
 
         Every PE starts at cycle 0; a launch's first DISPATCH is ready when the launch before it on that PE has
-        ended, and it sees a fresh TCM, staging ring, queue and hazard state. PEs share the HBM channels' bandwidth,
-        never data: before anything is simulated, a run is refused if a PE writes bytes another PE reads or
-        writes. A kernel is called once per abstract signature of its launches (DESIGN.md §19: the kernel, its tensor
+        ended and each launch in its ``after`` ended ``sync_cycles`` earlier (§16), and it sees a fresh TCM, staging
+        ring, queue and hazard state. Before anything is simulated, a run is refused if a launch writes bytes a
+        launch of another PE reads or writes and neither happens before the other (program order and ``after``). A kernel is called once per abstract signature of its launches (DESIGN.md §19: the kernel, its tensor
         arguments' shapes and dtypes, its scalars' values), and that trace is bound to each launch's tensors.
 
         Args:
@@ -210,8 +210,8 @@ class Simulator:
 
         Raises:
             ValidationError: bad launches (not a mapping of PEs to lists of Launch, a PE the topology does not
-                have, arguments the kernel's signature refuses), a PE writing another PE's bytes, or any error of a
-                kernel's ``tl`` calls.
+                have, arguments the kernel's signature refuses; an ``after`` launch not in the plan, a Launch placed
+                twice, a cycle of waits), unordered PEs sharing bytes, or any error of a kernel's ``tl`` calls.
             SimulationError: a program deadlocks, or a launch emits no commands.
 
         In a run of several launches, an error raised while a kernel is traced says which launch raised it: a

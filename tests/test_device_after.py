@@ -243,3 +243,89 @@ def test_a_dependency_s_wait_stops_the_steady_state_and_it_stays_exact():
     plain = sim.run_device(plan, reductions=False, steady_state=False)
     assert steady.to_csv() == plain.to_csv()
     assert steady.steady_state.path == "steady"  # it engaged where no PE waited
+
+
+def test_the_device_gantt_outlines_each_pe_s_stretch_of_a_path_across_pes():
+    from kbwork import plots
+
+    sim = kbwork.Simulator(mode="timing", pes=2, hbm_channels=2, sync_cycles=100, **FREE_FRONT)
+    x = [sim.hbm(f"x{p}", shape=(1024,), dtype="fp32", channel=p) for p in range(2)]
+    a = Launch(load, x[0])
+    run = sim.run_device({0: [a], 1: [Launch(load, x[1], after=(a,))]})
+    assert sorted(set(run.critical_path().pe)) == [0, 1]
+    fig = plots.device_gantt(run)
+    labels = [ax.get_ylabel() for ax in fig.axes if ax.get_ylabel().startswith("PE")]
+    assert labels == ["PE 0 (critical path)", "PE 1 (critical path)"]
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+
+
+def fan_in_merge(tl, parts, dst):
+    """Reads every part (on other PEs' channels) into one tile and stores it: a merge's traffic shape."""
+    acc = tl.alloc(dst.shape, "fp32", name="acc")
+    for part in parts:
+        t = tl.load(part)
+        tl.composite(op="math", math_op="copy", a=t, out=acc)
+    tl.store(acc, dst)
+
+
+def test_a_split_like_plan_replicates_goes_steady_and_equals_the_plain_run():
+    """Two heads, each split over four PEs (a long decode per PE), merged on the head's last PE after the other
+    three: the after edges and the merge's reads of other channels make each head one group; the two groups
+    are alike (one simulated, one replicated), the decode loops go steady, and every stage equals the plain
+    simulation's."""
+    from kbwork.kernels.gqa_decode import gqa_decode
+
+    sim = kbwork.Simulator("ahbm-device-v1", mode="timing", pes=8, hbm_channels=8)
+    plan = {}
+    for h in range(2):
+        outs, chunks = [], []
+        for c in range(4):
+            pe = 4 * h + c
+            t = lambda name, shape, dtype: sim.hbm(f"{name}{h}.{c}", shape=shape, dtype=dtype, channel=pe)  # noqa: E731
+            o = t("O", (4, 128), "fp32")
+            chunks.append(Launch(gqa_decode, t("q", (4, 128), "bf16"), t("K", (4096, 128), "bf16"),
+                                 t("V", (4096, 128), "bf16"), o, variant="opt2", tile=128))
+            plan[pe] = [chunks[-1]]
+            outs.append(o)
+        last = 4 * h + 3
+        plan[last].append(Launch(fan_in_merge, outs, sim.hbm(f"out{h}", shape=(4, 128), dtype="fp32", channel=last),
+                                 after=chunks[:-1]))
+    run = sim.run_device(plan)
+    plain = sim.run_device(plan, reductions=False, steady_state=False)
+    assert run.to_csv() == plain.to_csv()
+    assert (run.reductions.groups, run.reductions.simulated) == (2, 1)
+    assert run.steady_state.path == "steady"
+    # the merge's first DISPATCH: ready when PE 3's own decode has ended and 100 cycles after PEs 0-2's ends
+    n_decode = int((rows(run, 0).stage == "DISPATCH").sum())  # the decode's commands (the same on every PE)
+    pe3 = rows(run, 3)
+    decode3_end = int(pe3[pe3.cmd < n_decode].end.max())
+    merge = pe3[(pe3.cmd == n_decode) & (pe3.stage == "DISPATCH")].iloc[0]
+    want = max(decode3_end, max(int(rows(run, p).end.max()) for p in range(3)) + 100)
+    assert int(merge.ready) == int(merge.start) == want
+    assert want == decode3_end + 100  # four equal chunks end together: the signal latency binds
+    path = run.critical_path()  # so the path crosses to the lowest PE whose chunk ended then
+    assert "after" in set(path.cause) and sorted(set(path.pe)) == [0, 3]
+
+
+@pytest.mark.parametrize("sync", [0, 2000, 20000, 200000])
+def test_a_gate_after_inserted_periods_counts_them(sync):
+    """PE 0's short launch ends early; PE 1 streams long enough for the steady state to insert periods, then
+    runs a launch after PE 0's: its gate compares PE 0's end (before the insertion) + sync with PE 1's own end
+    (after it). Equal to the plain simulation for a sync below, inside and beyond the stream's length."""
+    from device_cases import stream_kernel
+
+    sim = kbwork.Simulator(mode="timing", pes=2, hbm_channels=2, sync_cycles=sync)
+    rng = np.random.default_rng(1)
+    s = sim.hbm("s", rng.standard_normal((80 * 16, 64)).astype(np.float32), dtype="fp32", channel=1)
+    d = sim.hbm("d", shape=(80 * 16, 64), dtype="fp32", channel=1)
+    x = sim.hbm("x", shape=(1024,), dtype="fp32", channel=0)
+    short = Launch(load, x)
+    plan = {0: [short], 1: [Launch(stream_kernel, s, d, tile=16, op="copy"), Launch(load, x, after=(short,))]}
+    steady = sim.run_device(plan)
+    plain = sim.run_device(plan, reductions=False, steady_state=False)
+    assert steady.steady_state.path == "steady" and steady.steady_state.inserted > 0
+    assert steady.to_csv() == plain.to_csv()
+    last = rows(plain, 1).query("stage == 'DMA_READ'").iloc[-1]
+    stream_end = int(rows(plain, 1).iloc[:-3].end.max())
+    assert int(last.start) >= max(stream_end, int(rows(plain, 0).end.max()) + sync)

@@ -258,6 +258,16 @@ def test_the_panel_runs_every_case_and_holds_each_to_its_bound():
     assert "H200 alone" in panel.summary_html()
 
 
+def test_the_panel_prints_no_nonzero_rate_as_zero():
+    # a starved channel: 0.00074 tokens/s must read as such, not as "0.0"
+    panel = StepPanel(**SMALL, variants=("opt2",), schedules=("serial",), draw=False, channel_bytes_per_cycle=1e-5)
+    rate = panel.state["tokens_per_s"]["opt2 on AHBM, serial"]
+    assert 0 < rate < 0.01
+    line = next(x for x in panel.summary_html().splitlines() if x.startswith("opt2 on AHBM"))
+    assert f"{rate:.3g}" in line or f"{rate:.6f}".rstrip("0") in line
+    assert " 0.0 " not in line and not line.split()[4].strip("0.") == ""
+
+
 def test_the_panel_refuses_bad_values_and_keeps_the_last_good_setting():
     panel = StepPanel(**SMALL, variants=("opt2",), schedules=("serial",), draw=False)
     before = dict(panel.state)

@@ -38,8 +38,10 @@ from ..errors import SimulationError
 _DISPATCH, _PLAN = 0, 1
 
 #: What bound a stage's start: the cause of a critical-path link (DESIGN §11).
-CAUSES = ("engine", "dependency", "hazard", "queue", "wait", "scheduler", "order", "launch", "after")
-ENGINE, DEPENDENCY, HAZARD, QUEUE, WAIT, SCHEDULER, ORDER, LAUNCH, AFTER = range(len(CAUSES))
+#: (``after`` sits before ``hazard``, not at the end: columns made from this order, such as a sweep's
+#: ``path_<cause>``, keep the order and the last columns they had)
+CAUSES = ("engine", "dependency", "after", "hazard", "queue", "wait", "scheduler", "order", "launch")
+ENGINE, DEPENDENCY, AFTER, HAZARD, QUEUE, WAIT, SCHEDULER, ORDER, LAUNCH = range(len(CAUSES))
 #: When constraints tie at the cycle that sets ``ready``, the first of these is named (``Bindings``
 #: tries each stage kind's constraints in this order).
 TIE_ORDER = (AFTER, LAUNCH, HAZARD, SCHEDULER, WAIT, QUEUE, DEPENDENCY, ORDER)
