@@ -231,3 +231,18 @@ def test_the_step_panel_has_mapping_and_merge_controls():
     assert after[label] > before[label] and "split mapping" in p.setting_text()
     with pytest.raises(ValidationError, match="mapping must be one of"):
         p.update(mapping="heads")
+
+
+def test_the_simulated_split_targets_hold():
+    """DESIGN §16's targets of the simulated machine (kbwork.bench.model.split_targets): 8B batch 1 32k tokens/s
+    split / sequence >= 3, split attention >= 45 % (batch 1) and >= 50 % (batch 16) of the all-channel bound."""
+    from kbwork.bench.model import format_suite, split_targets
+
+    got = split_targets()
+    assert [t["name"] for t in got["targets"]] == ["tokens_per_s_ratio_8b_b1", "channel_fraction_b1",
+                                                   "channel_fraction_b16"]
+    assert all(t["met"] and t["measured"] >= t["target"] for t in got["targets"])
+    seq = [f for f in got["figures"] if f["mapping"] == "sequence"]
+    assert all(f["all_channel_fraction"] < 0.45 for f in seq)  # what the split mapping improves on
+    lines = format_suite({"rows": [], "interactive": [], "load_average_1min": [], "split": got})
+    assert sum("split-KV:" in x for x in lines) == 3

@@ -423,6 +423,8 @@ def step(model: str | Model, contexts: Sequence[int], *, variant: str = "opt2", 
         if schedule != "serial":
             notes.append(f"schedule={schedule!r} applies to placement='ahbm'; the host placement is serial.")
             schedule = "serial"
+        if mapping != "sequence":
+            notes.append(f"mapping={mapping!r} applies to placement='ahbm'; the host placement maps nothing to PEs.")
         with phase("host: GEMMs and attention"):
             ha = host_attention(m, h, ctx)
             halves.append(_Half("", len(ctx), layer_gemms(m, h, len(ctx)), lm_head(m, h, len(ctx)), ha.seconds,
