@@ -192,7 +192,8 @@ class Simulator:
         Every PE starts at cycle 0; a launch's first DISPATCH is ready when the launch before it on that PE has
         ended and each launch in its ``after`` ended ``sync_cycles`` earlier (§16), and it sees a fresh TCM, staging
         ring, queue and hazard state. Before anything is simulated, a run is refused if a launch writes bytes a
-        launch of another PE reads or writes and neither happens before the other (program order and ``after``). A kernel is called once per abstract signature of its launches (DESIGN.md §19: the kernel, its tensor
+        launch of another PE reads or writes and neither happens before the other (program order and ``after``).
+        A kernel is called once per abstract signature of its launches (DESIGN.md §19: the kernel, its tensor
         arguments' shapes and dtypes, its scalars' values), and that trace is bound to each launch's tensors.
 
         Args:

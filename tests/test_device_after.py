@@ -218,6 +218,7 @@ def test_replicated_groups_carry_their_dependencies():
         plain = case.sim.run_device(case.plan, reductions=False, steady_state=False)
         reduced = case.sim.run_device(case.plan)
         assert reduced.to_csv() == plain.to_csv(), case
+        assert reduced.critical_path()[["seq", "pe", "cause"]].equals(plain.critical_path()[["seq", "pe", "cause"]])
         red = reduced.reductions
         for pe, src in red.replicated_from.items():
             assert bool(case.plan[pe][0].after) == bool(case.plan[src][0].after), case

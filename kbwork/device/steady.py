@@ -669,7 +669,8 @@ class GroupSteady:
 
 def simulate_group(progs: Sequence[Sequence[Program]], memories: Sequence[Sequence[Any]] | None,
                    channels: dict, *, steady_state: bool = True, why_full: str = "steady_state=False",
-                   after: Sequence[Sequence[tuple]] = (), sync: int = 0) -> list[tuple[Timeline, Schedule, SteadyState]]:
+                   after: Sequence[Sequence[tuple]] = (), sync: int = 0
+                   ) -> list[tuple[Timeline, Schedule, SteadyState]]:
     """Run several PEs that share contended channels in one event loop: PE ``i`` runs the launches ``progs[i]``;
     in timing mode with the device steady state (:class:`GroupSteady`) unless ``steady_state`` is False.
     ``after[i]``: PE ``i``'s launches' dependencies, ``(place in the group, launch index)`` pairs, ``sync`` their
