@@ -337,6 +337,8 @@ TOPOLOGY = KeyTable("topology", (
     Key("channel_bytes_per_cycle", float, math.inf, "bytes per cycle", "each HBM channel's bandwidth, shared by "
         "every transfer on it (the flow rule, [device.md](device.md)); `inf`: unconstrained, every transfer at "
         "its DMA unit's rate", low=1e-6, high=1e12, inf=True, planned=True),
+    Key("sync_cycles", int, 0, _CYC, "device-wide signal latency: a launch `after` another starts at least this "
+        "long after that one's end ([device.md](device.md#launch-dependencies))", zero=True),
     Key("hbm_gib", float, math.inf, "GiB", "the device's HBM capacity (1 GiB = 2**30 bytes), what a model "
         "step's KV cache must fit in; `inf`: unbounded", low=1e-3, high=1e6, inf=True),
     # energy (DESIGN.md §18): prices of the counts the op_log gives; they never change a cycle, and 0 (a free

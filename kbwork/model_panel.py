@@ -48,7 +48,7 @@ from .widgets import error_box_html, sync_controls
 
 #: The controls that change the timing (a change runs every step again).
 TIMING_CONTROLS = ("model", "batch", "context", "channel_bytes_per_cycle", "pes_per_channel", "fixed_cycles",
-                   "weight_dtype", "kv_dtype")
+                   "weight_dtype", "kv_dtype", "mapping", "merge")
 #: What the two dtype controls offer (DESIGN.md §17).
 DTYPES = ("bf16", "fp8")
 #: The energy controls (a change re-prices the steps already run): the device's energy keys, then the host's.
@@ -110,7 +110,7 @@ class StepPanel:
                  fixed_cycles: int | None = None, variants: Sequence[str] = ("opt2", "opt3"),
                  schedules: Sequence[str] = ("serial", "ping_pong"), device: Any = mdl.DEVICE_V1,
                  host: Any = "h200", draw: bool = True, weight_dtype: str = "bf16", kv_dtype: str = "bf16",
-                 **energy: Any):
+                 mapping: str = "sequence", merge: str = "device", **energy: Any):
         if isinstance(schedules, str) or not isinstance(schedules, (list, tuple)) or not schedules \
                 or len(set(schedules)) != len(schedules):
             raise ValidationError(f"StepPanel: schedules must be a non-empty list or tuple of distinct schedules "
@@ -128,7 +128,7 @@ class StepPanel:
                                      else channel_bytes_per_cycle),
             pes_per_channel=pes_per_channel,
             fixed_cycles=self.device.topology.fixed_cycles if fixed_cycles is None else fixed_cycles,
-            weight_dtype=weight_dtype, kv_dtype=kv_dtype,
+            weight_dtype=weight_dtype, kv_dtype=kv_dtype, mapping=mapping, merge=merge,
             **{k: getattr(self.host if k in HOST_ENERGY_KEYS else self.device.topology, k) for k in ENERGY_CONTROLS})
         self.draw = draw
         self._simulated: dict[str, Any] = {}  # each case's step as simulated, before the energy controls
@@ -165,6 +165,9 @@ class StepPanel:
         for name in ("weight_dtype", "kv_dtype"):
             if v[name] not in DTYPES:
                 raise ValidationError(f"StepPanel.update: {name} must be one of {', '.join(DTYPES)}, got {v[name]!r}.")
+        for name, choices in (("mapping", mdl.MAPPINGS), ("merge", mdl.MERGES)):
+            if v[name] not in choices:
+                raise ValidationError(f"StepPanel.update: {name} must be one of {', '.join(choices)}, got {v[name]!r}.")
         for k in ENERGY_CONTROLS:  # each refused by name (negative, NaN, not a number); 0 is a free resource
             v[k] = (_keys.HOST if k in HOST_ENERGY_KEYS else _keys.TOPOLOGY).check(k, v[k])
         return v
@@ -210,7 +213,7 @@ class StepPanel:
             # capacity is shown (a hollow bar), not refused: every setting the controls reach draws
             steps = {case_label(v, p, s): mdl.step(values["model"], contexts, variant=v, device=dev,
                                                    host=self.host, placement=p, schedule=s, check_capacity=False,
-                                                   **dtypes)
+                                                   mapping=values["mapping"], merge=values["merge"], **dtypes)
                      for v, p, s in self.cases}
         except KbworkError as exc:
             self._fail(exc)
@@ -252,7 +255,8 @@ class StepPanel:
                 f"{self.device.hbm_channels} channels x {v['channel_bytes_per_cycle']:g} B/cycle, "
                 f"FIXED {v['fixed_cycles']} cycles"
                 + "".join(f"; {w} {v[k]}" for w, k in (("weights", "weight_dtype"), ("KV", "kv_dtype"))
-                          if v[k] != "bf16"))
+                          if v[k] != "bf16")
+                + (f"; {v['mapping']} mapping, merge on the {v['merge']}" if v["mapping"] != "sequence" else ""))
 
     def summary_html(self) -> str:
         """One line per case: tokens/s, its share of its bound and what bounds the step."""
@@ -416,6 +420,10 @@ class StepPanel:
                                        style={"description_width": "70px"}),
             "kv_dtype": W.Dropdown(options=list(DTYPES), value=v["kv_dtype"], description="KV cache",
                                    style={"description_width": "70px"}),
+            "mapping": W.Dropdown(options=list(mdl.MAPPINGS), value=v["mapping"], description="mapping",
+                                  style={"description_width": "70px"}),
+            "merge": W.Dropdown(options=list(mdl.MERGES), value=v["merge"], description="merge",
+                                style={"description_width": "70px"}),
         }
         energy_lay = W.Layout(width="330px")
         for k in ENERGY_CONTROLS:
@@ -434,7 +442,7 @@ class StepPanel:
                              W.VBox([w[k] for k in HOST_ENERGY_KEYS])])
         self._box = W.VBox([W.HBox([W.VBox([w["channel_bytes_per_cycle"], w["pes_per_channel"], w["fixed_cycles"]]),
                                     W.VBox([w["model"], w["batch"], w["context"]]),
-                                    W.VBox([w["weight_dtype"], w["kv_dtype"]])]),
+                                    W.VBox([w["weight_dtype"], w["kv_dtype"]]), W.VBox([w["mapping"], w["merge"]])]),
                             W.HTML("<b>energy</b> (pJ, mW, W: re-priced without simulating again)"), energy_box,
                             parts["message"], parts["summary"], *([parts["figure"]] if self.draw else [])])
         self._box.add_class("kbwork-step-panel")

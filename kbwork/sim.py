@@ -22,6 +22,8 @@ from .memory import (DTYPES, Handle, LoopHandle, Memory, Space, canonical_dtype,
 from .oplog import build_op_log, concat_op_logs, to_csv, to_perfetto
 from .device import CAUSES, Bindings, Timeline
 from .device.device import Reductions, simulate_device
+from .device.order import resolve_after
+from .device.walk import device_path
 from .device.loop import LaunchMemory
 from .device.replay import FlowMismatch, counters_from, loads_from
 from .device.steady import SteadyState, check_steady_state, simulate_pe
@@ -188,9 +190,10 @@ class Simulator:
         """Run launches on the device's PEs (DESIGN.md §14): PE ``p`` runs ``launches[p]`` in order, back to back.
 
         Every PE starts at cycle 0; a launch's first DISPATCH is ready when the launch before it on that PE has
-        ended, and it sees a fresh TCM, staging ring, queue and hazard state. PEs share the HBM channels' bandwidth,
-        never data: before anything is simulated, a run is refused if a PE writes bytes another PE reads or
-        writes. A kernel is called once per abstract signature of its launches (DESIGN.md §19: the kernel, its tensor
+        ended and each launch in its ``after`` ended ``sync_cycles`` earlier (§16), and it sees a fresh TCM, staging
+        ring, queue and hazard state. Before anything is simulated, a run is refused if a launch writes bytes a
+        launch of another PE reads or writes and neither happens before the other (program order and ``after``).
+        A kernel is called once per abstract signature of its launches (DESIGN.md §19: the kernel, its tensor
         arguments' shapes and dtypes, its scalars' values), and that trace is bound to each launch's tensors.
 
         Args:
@@ -208,8 +211,8 @@ class Simulator:
 
         Raises:
             ValidationError: bad launches (not a mapping of PEs to lists of Launch, a PE the topology does not
-                have, arguments the kernel's signature refuses), a PE writing another PE's bytes, or any error of a
-                kernel's ``tl`` calls.
+                have, arguments the kernel's signature refuses; an ``after`` launch not in the plan, a Launch placed
+                twice, a cycle of waits), unordered PEs sharing bytes, or any error of a kernel's ``tl`` calls.
             SimulationError: a program deadlocks, or a launch emits no commands.
 
         In a run of several launches, an error raised while a kernel is traced says which launch raised it: a
@@ -263,12 +266,13 @@ class Simulator:
         with gc_paused():
             t0 = perf_counter()
             data = self.mode == "data"
+            after = resolve_after(plan)  # (refused before anything is traced: DESIGN.md §16)
             programs, memories, names, tcms = self._programs(plan)
             t1 = perf_counter()
             results, red = simulate_device(programs, self.topo, list(self._hbm.values()),
                                            memories if data else None, steady_state=steady_state and not data,
                                            why_full="data mode computes every number" if data else
-                                           "steady_state=False", reduce=reductions)
+                                           "steady_state=False", reduce=reductions, after=after)
             t2 = perf_counter()
             writes: tuple = ()
             snapshot: tuple = ()
@@ -288,7 +292,8 @@ class Simulator:
                         source=programs[pe], pe=pe, seq_offset=offset, reductions=red, timings=timings)
                 offset += r.n_stages
                 runs[pe] = r
-            return runs[0] if list(runs) == [0] else DeviceRun(self, runs, red, timings=timings)
+                r._after = after
+            return runs[0] if list(runs) == [0] else DeviceRun(self, runs, red, timings=timings, after=after)
 
     def _programs(self, plan: dict[int, list["Launch"]]) -> tuple[dict, dict, dict, list]:
         """Trace ``plan``'s launches, a kernel once per abstract signature (DESIGN.md §19), and bind each launch to
@@ -433,26 +438,45 @@ def _merge(ranges: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
     return tuple((lo, hi) for lo, hi in out)
 
 
+def _path_frame(runs: dict, after: dict | None, pe: int) -> pd.DataFrame:
+    """The critical path from PE ``pe``'s last stage, across ``after`` links (``device.walk.device_path``), as op_log
+    rows with ``cause``."""
+    parts = device_path({p: r.bindings for p, r in runs.items()}, after, runs[pe].topology.sync_cycles, pe)
+    path = concat_op_logs([runs[p].op_log.iloc[seqs] for p, seqs, _ in parts]).reset_index(drop=True)
+    causes = [c for _, _, cs in parts for c in cs]
+    path["cause"] = pd.Categorical.from_codes(np.asarray(causes, np.int8), categories=list(CAUSES))
+    return path
+
+
 def _rescaled(prog: Program, engine: int, factor: Any) -> Program:
     """``prog`` (timing mode) with every stage of ``engine`` taking ``ceil(d / factor)`` cycles."""
     return Program(prog.trace, prog.topo, staging_base=prog.staging_base, scale={int(engine): factor})
 
 
 class Launch:
-    """One kernel launch on a PE of a device run: ``Launch(kernel, *args, **kwargs)`` (DESIGN.md §14).
+    """One kernel launch on a PE of a device run: ``Launch(kernel, *args, after=(), **kwargs)`` (DESIGN.md §14,
+    §16).
 
-    ``kernel(tl, *args, **kwargs)`` is called once, when the run is traced.
+    ``kernel(tl, *args, **kwargs)`` is called once, when the run is traced. ``after``: launches of the same plan
+    (on any PE) whose end, plus ``sync_cycles``, this launch's first DISPATCH waits for; not a kernel argument.
     """
 
-    __slots__ = ("kernel", "args", "kwargs")
+    __slots__ = ("kernel", "args", "kwargs", "after")
 
-    def __init__(self, kernel: Callable[..., Any], *args: Any, **kwargs: Any):
+    def __init__(self, kernel: Callable[..., Any], *args: Any, after: Any = (), **kwargs: Any):
         if not callable(kernel):
             raise ValidationError(f"Launch expects a kernel function def k(tl, ...), got {kernel!r}.")
         if "steady_state" in kwargs:
             raise ValidationError("Launch: steady_state is a setting of the run (sim.run_device(..., "
                                   "steady_state=...)), not an argument of the kernel.")
-        self.kernel, self.args, self.kwargs = kernel, args, kwargs
+        after = (after,) if isinstance(after, Launch) else after
+        try:
+            after = tuple(after)
+        except TypeError:
+            raise ValidationError(f"Launch: after must be an iterable of Launch, got {after!r}.") from None
+        if not all(isinstance(d, Launch) for d in after):
+            raise ValidationError(f"Launch: after must hold Launch objects only, got {after!r}.")
+        self.kernel, self.args, self.kwargs, self.after = kernel, args, kwargs, after
 
     def __repr__(self) -> str:
         args = ", ".join(_call_args(self.args, self.kwargs))
@@ -524,6 +548,7 @@ class Run:
         self._snapshot = snapshot
         self._op_log: pd.DataFrame | None = None
         self._bindings: Bindings | None = None
+        self._after: dict | None = None  # the plan's launch dependencies (DESIGN.md §16)
         self.cycles = timeline.cycles
         #: in timing mode, how it was computed (``steady.SteadyState``); else None
         self.steady_state = steady_state
@@ -661,9 +686,13 @@ class Run:
         taking ``ceil(d / factor)`` cycles instead of ``d`` (``analysis.what_if``); the steady state is used
         as the run used it. The kernel is not called again."""
         progs = [_rescaled(p, engine, factor) for p in self._source]
-        timeline, sched, state = simulate_pe(progs, None, steady_state=True)
-        return Run(self.sim, sched, timeline, self._hbm_names, self._tcm_names, self._tcms, self._index, (),
-                   steady_state=state, source=progs, pe=self.pe_index, seq_offset=self.seq_offset, mode="timing")
+        deps = [tuple((0, j) for _, j in ds) for ds in self._after[self.pe_index]] if self._after else ()
+        timeline, sched, state = simulate_pe(progs, None, steady_state=True, after=deps,
+                                             sync=self.topology.sync_cycles)
+        r = Run(self.sim, sched, timeline, self._hbm_names, self._tcm_names, self._tcms, self._index, (),
+                steady_state=state, source=progs, pe=self.pe_index, seq_offset=self.seq_offset, mode="timing")
+        r._after = self._after
+        return r
 
     def to_csv(self, path: str | Path | None = None) -> str:
         """The canonical op_log CSV (written to ``path`` if given).
@@ -702,10 +731,7 @@ class Run:
             categorical of ``device.walk.CAUSES``: what bound the row's start,
             the link from the previous row (``dependency`` for the first row).
         """
-        seqs, causes = self.bindings.critical_path()
-        path = self.op_log.iloc[seqs].reset_index(drop=True)
-        path["cause"] = pd.Categorical.from_codes(np.asarray(causes, np.int8), categories=list(CAUSES))
-        return path
+        return _path_frame({self.pe_index: self}, self._after, self.pe_index)
 
     def holds(self) -> pd.DataFrame:
         """One row per command a hazard held after its PLAN (DESIGN §5, §11).
@@ -734,8 +760,9 @@ class DeviceRun(Run):
     """
 
     def __init__(self, sim: Simulator, runs: dict[int, Run], reductions: Reductions,
-                 timings: dict[str, float] | None = None):
+                 timings: dict[str, float] | None = None, after: dict | None = None):
         self.sim = sim
+        self._after = after  # each launch's dependencies (DESIGN.md §16): the critical path follows them
         self.topology = sim.topo
         self.mode = sim.mode
         self.runs = runs
@@ -828,9 +855,10 @@ class DeviceRun(Run):
         return self.runs[self.last_pe()].bindings
 
     def critical_path(self) -> pd.DataFrame:
-        """The critical path of the device: that of the PE that finishes last (DESIGN.md §14); ``seq`` in the
-        device's numbering, with the ``pe`` column."""
-        return self.runs[self.last_pe()].critical_path()
+        """The critical path of the device: that of the PE that finishes last (DESIGN.md §14), and through an
+        ``after`` link the path of the launch it waited for (§16); ``seq`` in the device's numbering, with the
+        ``pe`` column."""
+        return _path_frame(self.runs, self._after, self.last_pe())
 
     def holds(self) -> pd.DataFrame:
         """Every PE's hazard holds (``Run.holds``), with a ``pe`` column first."""
@@ -840,7 +868,8 @@ class DeviceRun(Run):
     def rescaled(self, engine: int, factor: Any) -> "Run":
         """Every PE's launches re-simulated with ``engine`` ``factor`` times faster (``analysis.what_if``)."""
         programs = {p: [_rescaled(x, engine, factor) for x in r._source] for p, r in self.runs.items()}
-        results, red = simulate_device(programs, self.topology, list(self.sim._hbm.values()), None)
+        results, red = simulate_device(programs, self.topology, list(self.sim._hbm.values()), None,
+                                       after=self._after)
         runs = {}
         offset = 0
         for p in sorted(results):
@@ -849,7 +878,8 @@ class DeviceRun(Run):
                     seq_offset=offset, reductions=red, mode="timing")
             offset += r.n_stages
             runs[p] = r
-        return DeviceRun(self.sim, runs, red)
+            r._after = self._after
+        return DeviceRun(self.sim, runs, red, after=self._after)
 
     def read(self, handle_or_name: Handle | str) -> np.ndarray:
         """As :meth:`Run.read` (every PE's tensors and TCMs are the run's)."""

@@ -11,6 +11,9 @@ the same families), instantiated on every PE over tensors of the same shapes, na
 (``x0``/``x1``, ``p0_x``, ``x``/``x1``, ...; some bases are the kernels' own TCM names), each PE's tensors on
 its home channel or on channels shifted alike.
 
+``add_after(case, seed)`` gives a case's launches random ``after`` edges (DESIGN §16): chains, fans in and fans
+out, across PEs and channels, never a cycle.
+
 ``resolved_device_graph(sim, plan)`` simulates the launches in one event loop (no reductions, no steady
 state), records the dynamic edges of every PE and returns the reference's :class:`DeviceGraph` with
 kbwork's start and end per stage in device seq order.
@@ -27,6 +30,7 @@ import numpy as np
 import kbwork
 from kbwork import Launch
 from kbwork.device.device import _channel_users, flow_channels
+from kbwork.device.order import local, resolve_after
 from kbwork.device.loop import device, new_pe, run
 from kbwork.kernels import gqa_decode as gq
 from kbwork.pe.stages import Engine, engine_table
@@ -94,15 +98,16 @@ class Case:
         return f"Case(seed={self.seed}, {self.overrides}, {'; '.join(self.notes)})"
 
 
-def random_device_case(seed: int, *, mode: str = "timing", max_pes: int = 4, long: bool = False) -> Case:
+def random_device_case(seed: int, *, mode: str = "timing", max_pes: int = 4, long: bool = False, **extra) -> Case:
     """A seeded random device run (module docstring); ``long``: loops long enough for the steady state to
-    engage (too long for the cycle-stepped reference)."""
+    engage (too long for the cycle-stepped reference); ``extra``: topology keys over the drawn ones."""
     rng = random.Random(seed)
     pes = rng.randint(2, max_pes)
     chans = rng.choice([d for d in range(1, pes + 1) if pes % d == 0])
     ov = dict(pes=pes, hbm_channels=chans, channel_bytes_per_cycle=rng.choice(RATES),
               dma_channels=rng.choice([1, 1, 2]), dma_base_cycles=rng.choice([0, 5, 50, 200]),
               hazard_policy=rng.choice(["strict_fifo", "rw_aware"]), cmd_queue_depth=rng.choice([2, 8]))
+    ov.update(extra)
     case = Case(seed, ov)
     sim = case.sim = kbwork.Simulator(mode=mode, **ov)
     nprng = np.random.default_rng(seed)
@@ -161,9 +166,10 @@ def resolved_device_graph(sim, plan) -> tuple[DeviceGraph, list[int], list[int],
     programs, _, _, _ = sim._programs({p: list(v) for p, v in sorted(plan.items())})
     topo = sim.topo
     order = sorted(programs)
+    waits = local(resolve_after({p: list(v) for p, v in sorted(plan.items())}), order)
     channels = flow_channels(_channel_users(programs, topo), topo) if topo.channel_fraction is not None else {}
-    states = [new_pe(programs[p][0], launches=programs[p][1:]) for p in order]
-    dev = device(states, channels)
+    states = [new_pe(programs[p][0], launches=programs[p][1:], after=waits[i]) for i, p in enumerate(order)]
+    dev = device(states, channels, topo.sync_cycles)
     edges = {i: [] for i in range(len(states))}
     run(dev, edges=edges)
     caps = [spec.capacity for spec in engine_table(topo)]
@@ -184,8 +190,49 @@ def resolved_device_graph(sim, plan) -> tuple[DeviceGraph, list[int], list[int],
         start += st.start
         end += st.end
     capacity = {(p, e): caps[e] for p in order for e in range(len(caps))}
-    g = DeviceGraph(stages, capacity, topo.dma_base_cycles, topo.dma_bytes_per_cycle, topo.channel_bytes_per_cycle)
+    # each launch's stages, from the commands it lowered (a launch's first DISPATCH waits for whole launches)
+    launch_stages, first_dispatch = [], []
+    for i, st in enumerate(states):
+        firsts = [0] + list(st.launch_first) + [st.n_lowered]
+        d, e = st.ctab.dispatch_seq, st.ctab.plan_end
+        launch_stages.append([tuple(offsets[i] + s for s in range(d[a], e[b - 1])) for a, b in zip(firsts, firsts[1:])])
+        first_dispatch.append([offsets[i] + d[a] for a in firsts[:-1]])
+    after = {}
+    for i, rows in enumerate(waits):
+        for j, ds in enumerate(rows):
+            if ds:
+                after[first_dispatch[i][j]] = [launch_stages[q][k] for q, k in ds]
+    g = DeviceGraph(stages, capacity, topo.dma_base_cycles, topo.dma_bytes_per_cycle, topo.channel_bytes_per_cycle,
+                    after=after, sync_cycles=topo.sync_cycles)
     return g, start, end, offsets
+
+
+def add_after(case: Case, seed: int, *, p_edge: float = 0.5) -> Case:
+    """Give ``case``'s launches random ``after`` edges: the launches are interleaved at random (each PE's in
+    program order) and a launch may wait only for launches before it there, so no cycle forms. Shapes: a chain
+    (the previous launch of the interleaving, often another PE's), a fan in (several launches of several PEs),
+    and fans out (several launches waiting for one)."""
+    rng = random.Random(seed * 7919 + 1)
+    queues = {p: list(range(len(v))) for p, v in case.plan.items()}
+    inter = []
+    while any(queues.values()):
+        p = rng.choice([p for p, q in queues.items() if q])
+        inter.append((p, queues[p].pop(0)))
+    hub = inter[0] if inter else None  # a fan out: many launches after the first one
+    for k, (p, i) in enumerate(inter):
+        before = inter[:k]
+        if not before or rng.random() > p_edge:
+            continue
+        shape = rng.choice(["chain", "fan_in", "fan_out"])
+        if shape == "chain":
+            picks = [before[-1]]
+        elif shape == "fan_in":
+            picks = rng.sample(before, min(len(before), rng.randint(2, 4)))
+        else:
+            picks = [hub]
+        case.plan[p][i].after = tuple(case.plan[q][j] for q, j in picks)
+        case.notes.append(f"PE {p} launch {i} after {picks}")
+    return case
 
 
 #: How :func:`random_replicated_case` names PE p's copy of a tensor ``b`` (one scheme per case).

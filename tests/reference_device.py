@@ -1,4 +1,5 @@
-"""A slow, obvious, cycle-stepped reference for the device timing rules (DESIGN §5 and §14).
+"""A slow, obvious, cycle-stepped reference for the device timing rules (DESIGN §5, §14 and §16's launch
+dependencies).
 
 It takes a *resolved* stage graph (every dependency explicit, as in
 ``kbwork.bench.references.resolved_graph``, but for a device: resources of
@@ -21,7 +22,9 @@ Input
 :class:`DeviceGraph` — ``stages``, ``capacity`` (resource -> number of units;
 every resource used must be listed), ``dma_base_cycles``,
 ``dma_bytes_per_cycle``, ``channel_bytes_per_cycle`` (``math.inf`` means
-unconstrained) and ``release`` (seq -> earliest start cycle, default 0).
+unconstrained), ``release`` (seq -> earliest start cycle, default 0),
+``after`` (seq -> a list of stage groups: each group the stages of one launch
+the stage's launch is ``after``) and ``sync_cycles`` (the signal latency).
 Rates may be ints, Fractions, Decimals, decimal strings or floats; a float
 is taken as written (``40.5`` is 81/2, ``0.1`` is 1/10).
 
@@ -42,8 +45,9 @@ Rules, per cycle t
 2. Retire (in seq order) every running stage whose end is t: a non-DMA stage
    at start + dur; a 0-byte DMA at its data-phase start; a flow once the
    bytes it advanced *before* t reach its nbytes.
-3. Every ready stage (all deps ended at or before t, release <= t, not started)
-   waits for its resource; each resource starts its waiting stages lowest seq
+3. Every ready stage (all deps ended at or before t, release <= t, for each of
+   its ``after`` groups every stage of the group ended and the latest of their
+   ends + ``sync_cycles`` <= t, not started) waits for its resource; each resource starts its waiting stages lowest seq
    first, one per free unit.
    Steps 1-3 repeat at t until nothing changes (a 0-cycle stage starts and
    ends at t, and what depends on it may start at t too).
@@ -87,6 +91,8 @@ class DeviceGraph:
     dma_bytes_per_cycle: object
     channel_bytes_per_cycle: object = math.inf
     release: dict[int, int] = field(default_factory=dict)
+    after: dict[int, list[tuple[int, ...]]] = field(default_factory=dict)
+    sync_cycles: int = 0
 
 
 @dataclass
@@ -159,8 +165,13 @@ def simulate(g: DeviceGraph) -> DeviceResult:
             return start[s] + base == t
         return s in advanced and advanced[s] >= st.nbytes
 
+    def launch_done(group: tuple[int, ...], t: int) -> bool:
+        """Every stage of a launch it is after has ended, sync_cycles ago."""
+        return all(end[d] is not None for d in group) and max(end[d] for d in group) + g.sync_cycles <= t
+
     def ready(s: int, t: int) -> bool:
-        return start[s] is None and release[s] <= t and all(end[d] is not None for d in stages[s].deps)
+        return (start[s] is None and release[s] <= t and all(end[d] is not None for d in stages[s].deps)
+                and all(launch_done(grp, t) for grp in g.after.get(s, ())))
 
     t = 0
     while any(e is None for e in end):
@@ -194,7 +205,9 @@ def simulate(g: DeviceGraph) -> DeviceResult:
 
         if not running and all(e is not None for e in end):
             break  # done (the stuck check below would misread this)
-        if not running and not any(start[s] is None and release[s] > t for s in range(n)):
+        waiting = any(start[s] is None and (release[s] > t or (s in g.after and all(
+            end[d] is not None for grp in g.after[s] for d in grp))) for s in range(n))
+        if not running and not waiting:
             raise ValueError(f"stuck at cycle {t}: no stage runs and none can become ready (a dependency cycle?)")
 
         # 4. flows advance during [t, t+1)

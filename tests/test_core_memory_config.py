@@ -226,6 +226,7 @@ DESIGN_DEFAULTS = dict(
     tcm_bytes=1 << 20,
     pes=1, hbm_channels=1, channel_bytes_per_cycle=float("inf"),  # DESIGN §14: one PE alone
     hbm_gib=float("inf"),  # DESIGN §15 "Capacity: what fits": ahbm-pe-v1's HBM is unbounded
+    sync_cycles=0,  # DESIGN §16: a launch dependency's signal latency, 0 unless a device sets it
     p_dtype="fp32",  # DESIGN §17: P written in fp32 unless asked
     # DESIGN §18: the energy keys, the same in both shipped topologies
     hbm_pj_per_bit=3.29, tcm_pj_per_byte=1.28, mac_pj=0.32, math_pj_per_element=0.32, dispatch_pj_per_cycle=8.0,

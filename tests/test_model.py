@@ -23,9 +23,11 @@ def test_the_default_device_is_ahbm_device_v1():
     assert (d.pes, d.hbm_channels, d.channel_bytes_per_cycle) == (96, 96, 40)
     assert d.topology == kbwork.load_topology("ahbm-device-v1") and d.name == "ahbm-device-v1"
     assert d.pe == d.topology.replace(pes=1, hbm_channels=1)
-    # every key but the device's are ahbm-pe-v1's (DESIGN §14; hbm_gib, the device's HBM, is §15's)
+    # every key but the device's are ahbm-pe-v1's (DESIGN §14; hbm_gib, the device's HBM, is §15's; sync_cycles,
+    # its signal latency, §16's)
     keys = {k: v for k, v in d.topology.to_dict().items() if k not in ("name", "pes", "hbm_channels",
-                                                                        "channel_bytes_per_cycle", "hbm_gib")}
+                                                                        "channel_bytes_per_cycle", "hbm_gib",
+                                                                        "sync_cycles")}
     assert keys == {k: v for k, v in kbwork.load_topology().to_dict().items() if k in keys}
     one = load_device(kbwork.load_topology(fixed_cycles=80))                    # a Topology: one PE, §14's defaults
     assert (one.pes, one.hbm_channels, one.pe.fixed_cycles) == (1, 1, 80)

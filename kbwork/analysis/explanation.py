@@ -244,12 +244,15 @@ _CAUSE_WORDS = {
     "wait": "dispatches that waited on tl.wait",
     "scheduler": "plans blocked behind a held command",
     "order": "stages that followed program order",
+    "launch": "launches that followed the one before on their PE",
+    "after": "launches that waited for a launch they are after",
 }
 
 
 #: The same, in two or three words (``Explanation.short``).
 _CAUSE_SHORT = {"engine": "busy-engine waits", "hazard": "hazard holds", "queue": "queue waits",
-                "wait": "tl.wait", "scheduler": "scheduler blocks", "order": "program order"}
+                "wait": "tl.wait", "scheduler": "scheduler blocks", "order": "program order",
+                "launch": "launch order", "after": "launch dependencies"}
 
 
 def _sentence(name: str, cycles: int, b: dict[str, Any], holds: int) -> str:

@@ -19,6 +19,13 @@ often as fits in that call, ``interleaved(..., batch=True)``):
    pass, after a small untimed sweep on each; the frames must be equal. Without
    ``dask.distributed`` the row says so and is skipped.
 
+Split-KV (DESIGN.md §16), in ``result["split"]`` beside the rows: ``wall``, ``model.step`` of row 2's batch
+with ``mapping="split"`` (merges on the device) against the same with ``mapping="sequence"``, timed as the rows
+are (target <= 1.5x); and the simulated targets (figures of the simulated machine, not timings):
+Llama-3-8B at batch 1 and 32k on ``ahbm-device-v1``, tokens/s split / sequence (>= 3x); a layer's split
+attention against the channel bound of all its KV bytes over all channels, at batch 1 and 16, 32k (>= 45 %
+and >= 50 %).
+
 Also, not a ratio: how long ``model.step`` takes for the interactive case
 (Llama-3-8B and -70B at batch 16, every context 32k): the median of
 interleaved calls in this process, and a first call in a fresh interpreter.
@@ -65,9 +72,13 @@ INTERACTIVE = (("llama-3-8b", 16, 32768), ("llama-3-70b", 16, 32768))
 #: Fresh interpreters per first-call figure (the figure is their median).
 COLD_RUNS = 3
 
-TARGETS = {"uniform": 250.0, "mixed": 60.0, "sweep": 1.6}
+TARGETS = {"uniform": 250.0, "mixed": 60.0, "sweep": 1.6, "split": 1.5}
 #: "max": the ratio must be at most the target; "min": at least (a speed-up).
-TARGET_KIND = {"uniform": "max", "mixed": "max", "sweep": "min"}
+TARGET_KIND = {"uniform": "max", "mixed": "max", "sweep": "min", "split": "max"}
+#: Split-KV's simulated targets (DESIGN.md §16): (name, target, what).
+SPLIT_TARGETS = (("tokens_per_s_ratio_8b_b1", 3.0, "Llama-3-8B batch 1 32k: tokens/s split / sequence"),
+                 ("channel_fraction_b1", 0.45, "split attention / all-channel bound, 8B batch 1 32k"),
+                 ("channel_fraction_b16", 0.50, "split attention / all-channel bound, 8B batch 16 32k"))
 
 ROOT = Path(__file__).resolve().parents[2]  # this checkout
 
@@ -110,6 +121,56 @@ def _step_case(measure: str, model_name: str, contexts: list[int]):
            "reductions": [str(r.run.reductions) for r in s.attention_runs], "cycles_ref": ref.cycles}
     del s, ref
     return row, (lambda: model.step(model_name, contexts, **SPEED_ONLY), one_head)
+
+
+def _split_case():
+    from .. import model
+
+    contexts = mixed_contexts()
+    split = model.step(MODEL, contexts, mapping="split", **SPEED_ONLY)
+    row = {"measure": "split", "variant": VARIANT, "model": MODEL, "batch": len(contexts), "contexts": contexts,
+           "num_label": f"model.step({MODEL!r}, batch {len(contexts)}, mixed, mapping='split')",
+           "den_label": f"model.step({MODEL!r}, batch {len(contexts)}, mixed, mapping='sequence')", "unit": "s",
+           "tasks": len(split.tasks), "tokens_per_s": split.tokens_per_s, "step_seconds": split.seconds,
+           "bound_kind": split.bound_kind, "reductions": [str(r.run.reductions) for r in split.attention_runs]}
+    del split
+    return row, (lambda: model.step(MODEL, contexts, mapping="split", **SPEED_ONLY),
+                 lambda: model.step(MODEL, contexts, mapping="sequence", **SPEED_ONLY))
+
+
+def all_channel_fraction(step: Any) -> float:
+    """A step's attention against the channel bound of all its KV bytes over all the device's channels: that
+    bound's cycles / the attention's (one device run; 1.0 would be every channel streaming all the time)."""
+    run, dev, m = step.attention_runs[0], step.device, step.model
+    from ..model.files import DTYPE_BYTES
+
+    kv = sum(2 * t.keys * m.head_dim * DTYPE_BYTES[m.kv_dtype] for t in run.tasks)
+    return kv / (dev.hbm_channels * dev.channel_bytes_per_cycle) / run.cycles
+
+
+def split_targets() -> dict[str, Any]:
+    """Split-KV's simulated targets (:data:`SPLIT_TARGETS`), each with its figure and whether it is met, and the
+    figures behind them (tokens/s and fractions of both mappings, both merges)."""
+    from .. import model
+
+    out: dict[str, Any] = {"figures": []}
+    steps = {}
+    for batch in (1, 16):
+        for mapping, merge in (("sequence", "device"), ("split", "device"), ("split", "host")):
+            s = model.step("llama-3-8b", [32768] * batch, mapping=mapping, merge=merge, **SPEED_ONLY)
+            steps[(batch, mapping, merge)] = s
+            out["figures"].append({"model": "llama-3-8b", "batch": batch, "context": 32768, "mapping": mapping,
+                                   "merge": merge, "tokens_per_s": s.tokens_per_s, "attention_cycles": s.attention_cycles,
+                                   "all_channel_fraction": all_channel_fraction(s),
+                                   "busiest_channel_fraction": s.attention_runs[0].channel_bound_cycles
+                                   / s.attention_cycles})
+    figures = {"tokens_per_s_ratio_8b_b1": steps[(1, "split", "device")].tokens_per_s
+               / steps[(1, "sequence", "device")].tokens_per_s,
+               "channel_fraction_b1": all_channel_fraction(steps[(1, "split", "device")]),
+               "channel_fraction_b16": all_channel_fraction(steps[(16, "split", "device")])}
+    out["targets"] = [{"name": n, "what": what, "target": t, "measured": figures[n], "met": figures[n] >= t}
+                      for n, t, what in SPLIT_TARGETS]
+    return out
 
 
 # --- the sweep --------------------------------------------------------------------------------------
@@ -249,6 +310,13 @@ def run_suite(*, dask: bool = True, min_seconds: float | None = None, passes: in
     rows = ratio_passes([_step_case("uniform", MODEL, [CONTEXT] * BATCH),
                          _step_case("mixed", MODEL, mixed_contexts())], passes, min_seconds, WARMUP_RUNS, "model",
                         load, show_progress)
+    # split-KV's wall-time row and its simulated targets (DESIGN.md §16), beside the rows above
+    split_load: list[float] = []
+    (wall,) = ratio_passes([_split_case()], passes, min_seconds, WARMUP_RUNS, "model split", split_load,
+                           show_progress)
+    wall.update(target=TARGETS["split"], target_kind=TARGET_KIND["split"], met=bool(wall["ratio"] <= TARGETS["split"]),
+                load_average_1min=split_load)
+    split = {"wall": wall, **split_targets()}
     inter = interactive(min_seconds)
     load.append(os.getloadavg()[0])
     if dask:
@@ -262,7 +330,7 @@ def run_suite(*, dask: bool = True, min_seconds: float | None = None, passes: in
             row["met"] = bool(row["ratio"] <= row["target"] if row["target_kind"] == "max"
                               else row["ratio"] >= row["target"])
     return {"rows": rows, "interactive": inter, "passes": passes, "min_seconds": min_seconds,
-            "warmup_runs": WARMUP_RUNS, "load_average_1min": load}
+            "warmup_runs": WARMUP_RUNS, "load_average_1min": load, "split": split}
 
 
 def checks_failed(result: dict[str, Any]) -> list[str]:
@@ -283,6 +351,8 @@ def _name(r: dict[str, Any]) -> str:
     if r["measure"] == "mixed":
         return (f"step {r['model']}, batch {r['batch']}, {min(r['contexts'])}-{max(r['contexts'])} (seed "
                 f"{MIXED_SEED}) vs one head")
+    if r["measure"] == "split":
+        return f"step {r['model']}, batch {r['batch']}, mixed: split vs sequence mapping"
     return f"sweep of {r.get('points', '?')} points: serial vs {DASK_WORKERS}-worker Dask"
 
 
@@ -305,7 +375,7 @@ def format_suite(result: dict[str, Any]) -> list[str]:
             lines.append(f"{_name(r)}: {r['skipped']}")
             continue
         lines.append(f"{_name(r)}: per-pass ratios " + ", ".join(f"{x:.2f}" for x in r["passes"]["ratio"]))
-        if r["measure"] in ("uniform", "mixed"):
+        if r["measure"] in ("uniform", "mixed", "split"):
             lines.append(f"  {r['tasks']} tasks; step {r['step_seconds'] * 1e3:.2f} ms simulated, "
                          f"{r['tokens_per_s']:.0f} tokens/s, bound {r['bound_kind']}; "
                          + "; ".join(r["reductions"]))
@@ -316,6 +386,13 @@ def format_suite(result: dict[str, Any]) -> list[str]:
         lines.append(f"interactive: model.step({x['model']!r}, batch {x['batch']}, context {x['context']}): "
                      f"{_fmt(x['warm_s'])} warm (median), {_fmt(x['first_step_fresh_s'])} as the first call in a "
                      f"fresh interpreter (after {_fmt(x['import_s'])} of import); {x['tasks']} tasks")
+    wall = result.get("split", {}).get("wall")
+    if wall is not None:
+        lines.append(f"split-KV: {_name(wall)}: {_fmt(wall['num'])} against {_fmt(wall['den'])}, {wall['ratio']:.1f}x "
+                     f"(target <= {wall['target']:g}x; {'met' if wall['met'] else 'NOT met'})")
+    for t in result.get("split", {}).get("targets", []):
+        lines.append(f"split-KV: {t['what']}: {t['measured']:.3g} (target >= {t['target']:g}; "
+                     f"{'met' if t['met'] else 'NOT met'})")
     lines.append("load average (1 min) through the run: "
                  + ", ".join(f"{x:.2f}" for x in result["load_average_1min"]))
     return lines

@@ -15,7 +15,7 @@ from ..pe.scheduler import Schedule
 from ..pe.stages import StageTable
 from .loop import PeState, new_pe, run, step
 from .records import FrontEnd, Timeline, front_end, schedule_of, timeline_of
-from .walk import CAUSES, DEPENDENCY, ENGINE, HAZARD, LAUNCH, ORDER, QUEUE, SCHEDULER, TIE_ORDER, WAIT, Bindings
+from .walk import AFTER, CAUSES, DEPENDENCY, ENGINE, HAZARD, LAUNCH, ORDER, QUEUE, SCHEDULER, TIE_ORDER, WAIT, Bindings
 
 
 def simulate(sched: Schedule, apply: Callable[[object], None] | None = None, edges: list[list[int]] | None = None,
@@ -49,4 +49,4 @@ def simulate(sched: Schedule, apply: Callable[[object], None] | None = None, edg
 
 __all__ = ["PeState", "new_pe", "run", "step", "simulate", "Timeline", "FrontEnd", "front_end", "schedule_of",
            "timeline_of", "Bindings", "CAUSES", "ENGINE", "DEPENDENCY", "HAZARD", "QUEUE", "WAIT", "SCHEDULER",
-           "ORDER", "LAUNCH", "TIE_ORDER"]
+           "ORDER", "LAUNCH", "AFTER", "TIE_ORDER"]

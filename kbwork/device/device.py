@@ -34,6 +34,7 @@ from ..pe.commands import DmaCmd
 from ..pe.program import Plain, handles_of
 from ..pe.scheduler import Program
 from .flows import FlowChannel, contended
+from .order import Deps, Order, crosses, local
 
 
 @dataclass
@@ -228,21 +229,35 @@ def _families_meet(a: Family, b: Family) -> bool:
     return bool((j_lo <= j_hi).any())
 
 
+def merged(parts: Sequence[Uses]) -> Uses:
+    """The :class:`Uses` of several launches together."""
+    return Uses(set().union(*(u.channels for u in parts)), [f for u in parts for f in u.reads],
+                [f for u in parts for f in u.writes])
+
+
 def check_isolation(programs: dict[int, Sequence[Program]], tensors: Sequence[Handle],
-                    uses: dict[int, Uses] | None = None) -> None:
-    """Refuse any HBM range one PE writes and another PE reads or writes (DESIGN.md §14).
+                    uses: dict[int, Uses] | None = None, after: Deps | None = None,
+                    launches: dict[int, list[Uses]] | None = None) -> None:
+    """Refuse any HBM range a launch on one PE writes and a launch on another PE reads or writes, unless one of
+    the two launches happens before the other (DESIGN.md §14, §16: program order and ``after`` edges).
 
     A sweep over the families' address hulls, so only families whose hulls overlap are compared exactly:
-    PEs on tensors of their own cost one sort.
+    PEs on tensors of their own cost one sort. ``launches``: PE -> each launch's uses (else ``uses``, PE -> all
+    its launches', or both made from ``programs``); ``after``: the plan's dependencies.
 
     Raises:
-        ValidationError: naming both PEs and the tensor (of the lowest pair of PEs in conflict).
+        ValidationError: naming both PEs, both launches and the tensor (of the lowest pair of PEs in conflict).
     """
-    uses = uses or {pe: uses_of(programs[pe]) for pe in programs}
-    items = []  # (hull lo, hull hi, pe, written, family)
+    if launches is None and uses is None:
+        launches = {pe: [uses_of([p]) for p in programs[pe]] for pe in programs}
+    per = launches if launches is not None else {pe: [uses[pe]] for pe in programs}
+    order = Order(after) if after and crosses(after) else None
+    items = []  # (hull lo, hull hi, pe, written, family, launch)
     for pe in sorted(programs):
-        items += [(*f.hull, pe, False, f) for f in uses[pe].reads]
-        items += [(*f.hull, pe, True, f) for f in uses[pe].writes]
+        for i, u in enumerate(per[pe]):
+            li = i if launches is not None else -1
+            items += [(*f.hull, pe, False, f, li) for f in u.reads]
+            items += [(*f.hull, pe, True, f, li) for f in u.writes]
     items.sort(key=operator.itemgetter(0, 1, 2, 3))
     active_r: list[tuple] = []
     active_w: list[tuple] = []
@@ -257,6 +272,8 @@ def check_isolation(programs: dict[int, Sequence[Program]], tensors: Sequence[Ha
             active_w, reach_w = ([], 0) if reach_w <= lo else ([a for a in active_w if a[1] > lo], reach_w)
         for other in (active_w + active_r if it[3] else active_w) if active_w or (it[3] and active_r) else ():
             if other[2] != it[2] and _families_meet(other[4], it[4]):
+                if order is not None and order.ordered((other[2], other[5]), (it[2], it[5])):
+                    continue  # one launch happens before the other: the later sees the earlier's bytes
                 w, o = (it, other) if it[3] else (other, it)
                 if o[3] and o[2] < w[2]:
                     w, o = o, w  # both write: the lower PE is named the writer
@@ -272,10 +289,12 @@ def check_isolation(programs: dict[int, Sequence[Program]], tensors: Sequence[Ha
         _, w, o = min(found, key=lambda x: x[0])
         name = _tensor_at(sorted(tensors, key=lambda h: h.addr), max(w[4].hull[0], o[4].hull[0]))
         verb = "writes" if o[3] else "reads"
+        which = f" (PE {w[2]} launch {w[5]}, PE {o[2]} launch {o[5]})" if w[5] >= 0 else ""
         raise ValidationError(
-            f"device run: PE {w[2]} writes tensor {name!r} and PE {o[2]} {verb} the same bytes; PEs share "
-            f"bandwidth, never data (DESIGN.md §14). Give each PE its own tensors (or its own rows of one), or "
-            f"run both launches on one PE.")
+            f"device run: PE {w[2]} writes tensor {name!r} and PE {o[2]} {verb} the same bytes{which}, and neither "
+            f"launch happens before the other; PEs share data only in order (DESIGN.md §16). Order them with "
+            f"Launch(..., after=(...)), give each PE its own tensors (or its own rows of one), or run both launches "
+            f"on one PE.")
 
 
 def _tensor_at(tensors: Sequence[Handle], addr: int) -> str:
@@ -311,8 +330,9 @@ def _channel_users(programs: dict[int, Sequence[Program]], topo,
 
 
 def groups(programs: dict[int, Sequence[Program]], shared: dict[int, int],
-           uses: dict[int, Uses] | None = None) -> list[list[int]]:
-    """The PEs in groups linked by the contended channels they use, each group ascending, groups by first PE."""
+           uses: dict[int, Uses] | None = None, after: Deps | None = None) -> list[list[int]]:
+    """The PEs in groups linked by the contended channels they use and by ``after`` edges (DESIGN.md §16: a launch
+    and the launches it waits for are simulated together), each group ascending, groups by first PE."""
     parent = {pe: pe for pe in programs}
 
     def find(x: int) -> int:
@@ -329,17 +349,24 @@ def groups(programs: dict[int, Sequence[Program]], shared: dict[int, int],
                     parent[max(a, b)] = min(a, b)
             else:
                 owner[c] = pe
+    for pe, rows in (after or {}).items():
+        for ds in rows:
+            for q, _ in ds:
+                a, b = find(q), find(pe)
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
     out: dict[int, list[int]] = {}
     for pe in sorted(programs):
         out.setdefault(find(pe), []).append(pe)
     return [out[k] for k in sorted(out)]
 
 
-def group_key(group: Sequence[int], programs: dict[int, Sequence[Program]], shared: dict[int, int]
-              ) -> tuple[tuple | None, tuple[int, ...]]:
+def group_key(group: Sequence[int], programs: dict[int, Sequence[Program]], shared: dict[int, int],
+              after: Deps | None = None) -> tuple[tuple | None, tuple[int, ...]]:
     """What decides a group's records (DESIGN.md §19): each launch's trace id; the tensors it binds, each
     numbered by the order the group first meets it (which are the same tensor, across the group's launches);
-    and their channels, numbered alike, each with whether it is contended. Two groups with equal keys are
+    their channels, numbered alike, each with whether it is contended; and each launch's ``after`` dependencies,
+    each PE named by its place in the group (DESIGN.md §16). Two groups with equal keys are
     bindings of the same traces to tensors laid out alike on channels alike: they evolve identically, and the
     one names its tensors as the other, tensor for tensor. Returns the key (None when a launch is no binding
     of a trace, when two of its tensors overlap without being one, or when a name its trace fixes holds one of
@@ -348,14 +375,17 @@ def group_key(group: Sequence[int], programs: dict[int, Sequence[Program]], shar
     key: list = []
     tensor_ids: dict[tuple, int] = {}
     channel_ids: dict[int, int] = {}
-    for pe in group:
+    deps = local(after, group) if after else None
+    for k, pe in enumerate(group):
         traced = []
         names: list[str] = []
-        for prog in programs[pe]:
+        for i, prog in enumerate(programs[pe]):
             b = prog.trace.binding
             if b is None or b.layout() is None:
                 return None, ()
             key.append(b.trace_id)
+            if deps is not None and deps[k][i]:
+                key.append(("after", deps[k][i]))
             for h in b.tensors():
                 c = h.channel
                 key.append((tensor_ids.setdefault((h.addr, h.nbytes), len(tensor_ids)),
@@ -557,7 +587,8 @@ class Replica:
 # --- simulating a device -----------------------------------------------------------------------------------------
 def simulate_device(programs: dict[int, list[Program]], topo, tensors: Sequence[Handle],
                     memories: dict[int, list[Any]] | None = None, *, steady_state: bool = True,
-                    why_full: str = "steady_state=False", reduce: bool = True) -> tuple[dict[int, tuple], Reductions]:
+                    why_full: str = "steady_state=False", reduce: bool = True,
+                    after: Deps | None = None) -> tuple[dict[int, tuple], Reductions]:
     """Simulate every PE's launches (DESIGN.md §14): isolation checked first, then each group of PEs linked by a
     contended channel in one event loop, a group equal to an earlier one (:func:`group_key`) replicated from it.
 
@@ -569,20 +600,24 @@ def simulate_device(programs: dict[int, list[Program]], topo, tensors: Sequence[
         steady_state: timing mode: insert the remaining periods of loops once proven (DESIGN.md §12).
         reduce: False: no groups and no replication; every PE in one event loop, a flow on every channel of
             finite bandwidth (contended or not). The plain simulation every reduction must reproduce.
+        after: PE -> per launch, the launches it waits for (``order.resolve_after``; DESIGN.md §16).
 
     Returns:
         PE -> ``(timeline, schedule, steady state)``, and the :class:`Reductions` used.
 
     Raises:
-        ValidationError: a PE writes bytes another PE reads or writes.
+        ValidationError: a PE writes bytes another PE reads or writes, and neither launch happens before the
+            other.
     """
     from .steady import simulate_group, simulate_pe
 
-    uses = {pe: uses_of(programs[pe]) for pe in programs}
+    after = after if after and any(ds for rows in after.values() for ds in rows) else None
+    launch_uses = {pe: [uses_of([p]) for p in programs[pe]] for pe in programs}
+    uses = {pe: merged(launch_uses[pe]) for pe in programs}
     if len(programs) > 1:  # isolation is between PEs: one PE's launches may share its bytes
-        check_isolation(programs, tensors, uses)
+        check_isolation(programs, tensors, uses, after, launch_uses)
     shared = contended_channels(programs, topo, uses)
-    grouped = groups(programs, shared, uses)
+    grouped = groups(programs, shared, uses, after)
     if not reduce:
         if topo.channel_fraction is not None:
             shared = _channel_users(programs, topo, uses)
@@ -593,7 +628,7 @@ def simulate_device(programs: dict[int, list[Program]], topo, tensors: Sequence[
     # replication needs a second group to replicate to; data mode computes every PE's numbers
     keyed = memories is None and reduce and len(grouped) > 1
     for group in grouped:
-        key, chans = group_key(group, programs, shared) if keyed else (None, ())
+        key, chans = group_key(group, programs, shared, after) if keyed else (None, ())
         hit = seen.get(key) if key is not None else None
         if hit is not None:  # an identical group: its records are the earlier one's
             src_group, src_chans = hit
@@ -606,14 +641,17 @@ def simulate_device(programs: dict[int, list[Program]], topo, tensors: Sequence[
             continue
         red.simulated += 1
         mine = {c: k for c, k in shared.items() if any(c in uses[pe].channels for pe in group)}
+        deps = local(after, group) if after else [()] * len(group)
         if len(group) == 1 and not mine:  # alone on its channels: every transfer's duration is known when it starts
             pe = group[0]
             out[pe] = simulate_pe(programs[pe], None if memories is None else memories[pe],
-                                  steady_state=steady_state, why_full=why_full)
+                                  steady_state=steady_state, why_full=why_full, after=deps[0],
+                                  sync=topo.sync_cycles)
         else:
             results = simulate_group([programs[pe] for pe in group],
                                      None if memories is None else [memories[pe] for pe in group],
-                                     flow_channels(mine, topo), steady_state=steady_state, why_full=why_full)
+                                     flow_channels(mine, topo), steady_state=steady_state, why_full=why_full,
+                                     after=deps, sync=topo.sync_cycles)
             out.update(zip(group, results))
         if key is not None:
             seen[key] = (group, chans)

@@ -404,9 +404,10 @@ class ExpandedTimeline:
     """The full run's :class:`~kbwork.device.records.Timeline`, each field built on first use."""
 
     def __init__(self, ex: Expansion, tl: Timeline, sched: ExpandedSchedule, strict: bool,
-                 waited: Sequence[tuple[int, int]], launches: Sequence[tuple[int, int]] = ()):
+                 waited: Sequence[tuple[int, int]], launches: Sequence[tuple[int, int]] = (),
+                 afters: Sequence[tuple[int, int]] = ()):
         self._ex, self._tl, self._sched, self._strict, self._waited = ex, tl, sched, strict, waited
-        self._launches = launches
+        self._launches, self._afters = launches, afters
         self.engines = tl.engines
         #: the run's last cycle: the simulated one, every inserted period later (its last stage follows them)
         self.cycles = int(tl.end.max()) + ex.dt_total if len(tl.end) else 0
@@ -475,15 +476,18 @@ class ExpandedTimeline:
             if self._waited else []
         d = np.asarray(self._sched.dispatch_seq, np.int64)
         ex = self._ex
-        launches = []  # a later launch's first command and start, moved by the periods inserted before them
-        for c, when in self._launches:
-            dc = dt = 0
-            for x in ex.ins:
-                if c >= x.c2:
-                    dc, dt = dc + x.k * x.dcmd, dt + x.k * x.dt
-            launches.append((c + dc, when + dt))
+        moved = []  # a later launch's first command and start (and a gate's), moved by the periods inserted before
+        for pairs in (self._launches, self._afters):
+            out = []
+            for c, when in pairs:
+                dc = dt = 0
+                for x in ex.ins:
+                    if c >= x.c2:
+                        dc, dt = dc + x.k * x.dcmd, dt + x.k * x.dt
+                out.append((c + dc, when + dt))
+            moved.append(out)
         return front_end(self._sched, d, self.start, self.end, self.done, self.held, self.release, self._strict,
-                         waited, launches)
+                         waited, moved[0], moved[1])
 
     @cached_property
     def ready(self) -> np.ndarray:
@@ -496,8 +500,8 @@ class ExpandedTimeline:
 
 
 def expand(prog: Program, sched: Schedule, tl: Timeline, insertions: Sequence,
-           waited: Sequence[tuple[int, int]] = (), launches: Sequence[tuple[int, int]] = ()
-           ) -> tuple[ExpandedSchedule, ExpandedTimeline]:
+           waited: Sequence[tuple[int, int]] = (), launches: Sequence[tuple[int, int]] = (),
+           afters: Sequence[tuple[int, int]] = ()) -> tuple[ExpandedSchedule, ExpandedTimeline]:
     """The full run's schedule and timeline, from the simulated ones and the insertions (built lazily)."""
     xs = ExpandedSchedule(prog, sched, insertions)
-    return xs, ExpandedTimeline(xs._ex, tl, xs, prog.topo.hazard_policy == "strict_fifo", waited, launches)
+    return xs, ExpandedTimeline(xs._ex, tl, xs, prog.topo.hazard_policy == "strict_fifo", waited, launches, afters)

@@ -141,6 +141,14 @@ class PeState:
     launch_first: list[int] = field(default_factory=list)   # first command of every launch after the first
     launch_start: list[int] = field(default_factory=list)   # and the cycle it started
     memories: list = field(default_factory=list)            # data mode: each launch's LaunchMemory
+    #: per launch, the launches it waits for (DESIGN.md §16): ``(device-local PE, launch index)`` pairs
+    after: list = field(default_factory=list)
+    opened: int = 0              # the latest launch whose first DISPATCH may start (its dependencies ended)
+    launch_end: list[int] = field(default_factory=list)     # each ended launch's end, in the device's real clock
+    wake_at: int = -1            # a wake-up pushed for the gate of the running launch
+    #: launches whose gate an ``after`` dependency set: (first command, the cycle it opened, in this PE's
+    #: simulated clock), for the front end's ``d_after``
+    after_at: list[tuple[int, int]] = field(default_factory=list)
     apply: Any = None                                        # data mode: the running launch's executor
     flows: dict[int, FlowChannel] = field(default_factory=dict)  # the contended channels of the device
     in_flow: set[int] = field(default_factory=set)          # DMA stages whose bytes are moving on one
@@ -198,15 +206,21 @@ class DeviceState:
     #: events in ``events`` that a reflow left behind (a flow's end that moved): passed over when they come out,
     #: and dropped all at once when they are most of the heap (:func:`_reflow`)
     stale: int = 0
+    #: launch dependencies (DESIGN.md §16): the signal latency, the PEs waiting for a launch's end, and the cycles
+    #: the steady state inserted so far (the simulated clock runs that far behind the real one)
+    sync: int = 0
+    waiters: dict[tuple[int, int], list[int]] = field(default_factory=dict)
+    shift: int = 0
 
     def __repr__(self) -> str:
         return f"DeviceState({len(self.pes)} PEs at cycle {self.t}, {len(self.channels)} contended channels)"
 
 
 def new_pe(program: Program | Schedule, *, launches: Sequence[Program] = (), memories: Sequence[Any] = (),
-           pe: int = 0) -> PeState:
+           pe: int = 0, after: Sequence[tuple] = ()) -> PeState:
     """A PE ready to run ``program`` from cycle 0 (a :class:`Program` is lowered as it runs), and then ``launches``
-    after it, back to back; ``memories`` (data mode) are each launch's :class:`LaunchMemory`."""
+    after it, back to back; ``memories`` (data mode) are each launch's :class:`LaunchMemory`; ``after`` each
+    launch's dependencies, ``(device-local PE, launch index)`` pairs (DESIGN.md §16)."""
     if isinstance(program, Schedule):
         cursor: Any = Lowered(program)
         table, ctab, topo = program.table, program.ctab, program.topo
@@ -224,14 +238,17 @@ def new_pe(program: Program | Schedule, *, launches: Sequence[Program] = (), mem
     state.dma_base = topo.dma_base_cycles
     state.launches = [program, *launches]
     state.memories = list(memories)
+    state.after = [tuple(a) for a in after]
+    state.opened = -1 if state.after and state.after[0] else 0
     if state.memories:
         state.apply = DataExecutor(state.memories[0]).apply
     return state
 
 
-def device(pes: Sequence[PeState], channels: dict[int, FlowChannel] | None = None) -> DeviceState:
-    """The device of ``pes`` (PE ``i`` is ``pes[i]``) at cycle 0, each PE about to look at the machine."""
-    dev = DeviceState(list(pes), channels=dict(channels or {}))
+def device(pes: Sequence[PeState], channels: dict[int, FlowChannel] | None = None, sync: int = 0) -> DeviceState:
+    """The device of ``pes`` (PE ``i`` is ``pes[i]``) at cycle 0, each PE about to look at the machine; ``sync``
+    the signal latency of a launch dependency (``sync_cycles``)."""
+    dev = DeviceState(list(pes), channels=dict(channels or {}), sync=sync)
     for i, p in enumerate(dev.pes):
         p.pe = i
         p.device = weakref.ref(dev)
@@ -293,6 +310,42 @@ def _next_launch(pe: PeState, t: int) -> bool:
     pe.launch_start.append(t)
     if pe.memories:
         pe.apply = DataExecutor(pe.memories[nxt]).apply
+    return True
+
+
+def _ended(dev: DeviceState, pe: PeState, t: int) -> None:
+    """``pe``'s running launch ended at ``t``: record it (in the real clock) and wake the PEs waiting for it."""
+    j = len(pe.launch_end)
+    pe.launch_end.append(t + dev.shift)
+    for p in dev.waiters.pop((pe.pe, j), ()):
+        heappush(dev.events, (t, (p << PE_SHIFT) | WAKE))
+
+
+def _open(dev: DeviceState, pe: PeState, t: int) -> bool:
+    """Whether the running launch of ``pe`` may dispatch at ``t`` (DESIGN.md §16): every launch it is ``after``
+    has ended, ``sync`` cycles ago. If not, ``pe`` waits for the first that has not ended (it wakes ``pe``) or is
+    woken when the latest end + ``sync`` comes."""
+    deps = pe.after[pe.launch] if pe.after else ()
+    gate = -1
+    pes = dev.pes
+    for q, j in deps:
+        ends = pes[q].launch_end
+        if j >= len(ends):
+            w = dev.waiters.setdefault((q, j), [])
+            if pe.pe not in w:
+                w.append(pe.pe)
+            return False
+        gate = max(gate, ends[j] + dev.sync)
+    gate -= dev.shift  # in the simulated clock
+    if gate > t:
+        if pe.wake_at != gate:
+            pe.wake_at = gate
+            heappush(dev.events, (gate, (pe.pe << PE_SHIFT) | WAKE))
+        return False
+    if deps:
+        pe.after_at.append((pe.n_lowered, gate))
+    pe.opened = pe.launch
+    pe.wake_at = -1
     return True
 
 
@@ -496,10 +549,16 @@ def run(dev: DeviceState | PeState, apply: Callable[[object], None] | None = Non
             c = next_dispatch
             if c == P.n_lowered:
                 if cursor.done:
-                    if in_flight or not _next_launch(P, t):
+                    if in_flight:
+                        break
+                    if len(P.launch_end) <= P.launch:
+                        _ended(dev, P, t)
+                    if not _next_launch(P, t):
                         break
                     cursor, apply = P.cursor, P.apply  # a fresh launch: its cursor and (data mode) its TCM
                     continue
+                if P.opened < P.launch and not _open(dev, P, t):
+                    break  # it waits for a launch it is after (DESIGN.md §16)
                 if on_boundary is not None and cursor.at_boundary():
                     P.next_dispatch, P.dispatched_end, P.next_plan = next_dispatch, dispatched_end, next_plan
                     P.in_flight, P.first_incomplete, P.held_strict = in_flight, first_incomplete, held_strict

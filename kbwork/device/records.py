@@ -38,7 +38,9 @@ class FrontEnd(NamedTuple):
     DISPATCH: ``d_order`` (the previous DISPATCH's start), ``d_queue`` (its
     queue slot is free), ``d_wait`` (its ``tl.wait`` completions), ``d_launch``
     (the first command of a launch after the first: the cycle the previous
-    launch's last stage ended, DESIGN.md §14). PLAN:
+    launch's last stage ended, DESIGN.md §14), ``d_after`` (the first command of a
+    launch with ``after`` dependencies: the latest of their ends + ``sync_cycles``,
+    DESIGN.md §16; None when no launch has one). PLAN:
     ``p_dependency`` (its DISPATCH's end), ``p_order`` (the previous PLAN's
     start), ``p_scheduler`` (strict FIFO: the release of the latest held
     command before it).
@@ -51,6 +53,7 @@ class FrontEnd(NamedTuple):
     p_dependency: np.ndarray
     p_order: np.ndarray
     p_scheduler: np.ndarray
+    d_after: np.ndarray | None = None
 
 
 @dataclass(eq=False)
@@ -97,7 +100,8 @@ class Timeline:
 
 def dispatch_ready(f: FrontEnd) -> np.ndarray:
     """Every DISPATCH's ``ready``: the latest of its constraints."""
-    return np.maximum(np.maximum(np.maximum(f.d_order, f.d_queue), f.d_wait), f.d_launch)
+    r = np.maximum(np.maximum(np.maximum(f.d_order, f.d_queue), f.d_wait), f.d_launch)
+    return r if f.d_after is None else np.maximum(r, f.d_after)
 
 
 def ints(values: Sequence[int]) -> np.ndarray:
@@ -106,7 +110,7 @@ def ints(values: Sequence[int]) -> np.ndarray:
 
 def front_end(prog, d: np.ndarray, start: np.ndarray, end: np.ndarray, done: np.ndarray, held: np.ndarray,
               release: np.ndarray, strict: bool, waited: Sequence[tuple[int, int]],
-              launches: Sequence[tuple[int, int]] = ()) -> FrontEnd:
+              launches: Sequence[tuple[int, int]] = (), afters: Sequence[tuple[int, int]] = ()) -> FrontEnd:
     """The cycles at which each DISPATCH and PLAN constraint clears, per command (see :class:`FrontEnd`).
 
     ``d`` holds the seq of each command's DISPATCH; its PLAN is the next stage.
@@ -138,7 +142,12 @@ def front_end(prog, d: np.ndarray, start: np.ndarray, end: np.ndarray, done: np.
         latest = np.searchsorted(held, np.arange(ncmd), side="left") - 1
         blocked = latest >= 0
         p_scheduler[blocked] = release[latest[blocked]]
-    return FrontEnd(d_order, d_queue, d_wait, d_launch, end[d], p_order, p_scheduler)
+    d_after = None
+    if len(afters):
+        d_after = none.copy()
+        for c, when in afters:  # (first command of a launch with dependencies, the cycle they cleared)
+            d_after[c] = when
+    return FrontEnd(d_order, d_queue, d_wait, d_launch, end[d], p_order, p_scheduler, d_after)
 
 
 def schedule_of(pe: PeState, commands: Sequence, loops: tuple = ()) -> Schedule:
@@ -159,7 +168,7 @@ def timeline_of(pe: PeState, sched: Schedule) -> Timeline:
     ready = ints(pe.rdy)
     d = ints(pe.ctab.dispatch_seq)
     front = front_end(sched, d, start, end, done, held, release, pe.strict, pe.waited,
-                      list(zip(pe.launch_first, pe.launch_start)))
+                      list(zip(pe.launch_first, pe.launch_start)), pe.after_at)
     ready[d] = dispatch_ready(front)
     ready[d + 1] = np.maximum(np.maximum(front.p_dependency, front.p_order), front.p_scheduler)
     return Timeline(pe.engines, start, end, ready, np.asarray(pe.unit, np.int16), done, held, release, hit_ptr,

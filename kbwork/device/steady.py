@@ -374,6 +374,7 @@ class Steady:
             return
         ins = Insertion(loop, i1, i, c1, c, s1, s, t1, t, k, prog)
         self._jump(pe, ins)
+        dev.shift += k * ins.dt  # the simulated clock now runs that far behind the real one
         self.insertions.append(ins)
         if self.first is None:
             self.first = (p, i)
@@ -402,17 +403,23 @@ def simulate_program(prog: Program, memory=None, *, steady_state: bool = True,
 
 
 def simulate_pe(progs: Sequence[Program], memories: Sequence[Any] | None = None, *, steady_state: bool = True,
-                why_full: str = "steady_state=False") -> tuple[Timeline, Schedule, SteadyState]:
+                why_full: str = "steady_state=False", after: Sequence[tuple] = (),
+                sync: int = 0) -> tuple[Timeline, Schedule, SteadyState]:
     """Run the launches ``progs`` back to back on one PE alone (no channel it uses is contended): in data mode
     (``memories``: each launch's ``LaunchMemory``) every stage; in timing mode with the steady state unless
-    ``steady_state`` is False.
+    ``steady_state`` is False. ``after``: each launch's dependencies on the PE's own launches, ``(0, index)``
+    pairs, ``sync`` their signal latency (DESIGN.md §16).
 
     Returns:
         The PE's timeline, its schedule (both in the real numbering: a steady run's are the simulated records
         with the inserted periods repeated, built on first use) and how it ran.
     """
     prog = progs[0]
-    pe = new_pe(prog, launches=progs[1:], memories=memories or ())
+    pe = new_pe(prog, launches=progs[1:], memories=memories or (), after=after)
+    if after and sync:
+        from .loop import device as make_device
+
+        dev = make_device([pe], sync=sync)  # noqa: F841 (the PE holds its device weakly: kept alive for the run)
     if memories:
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
             run(pe)
@@ -441,7 +448,7 @@ def _finish(pe: PeState, progs: Sequence[Program], insertions: Sequence["Inserti
     from .expand import expand
 
     xs, xt = expand(progs[0], sched, tl, insertions, pe.waited,
-                    list(zip(pe.launch_first, pe.launch_start)))
+                    list(zip(pe.launch_first, pe.launch_start)), pe.after_at)
     return xt, xs, state
 
 
@@ -560,7 +567,7 @@ class GroupSteady:
         if b is not None:
             q, loop, launch = b
             if not self._finished(q):
-                at = q.cursor.at_boundary()
+                at = q.cursor.at_boundary() if q.opened >= q.launch else None
                 if at is None or (at[0] is loop and q.launch == launch):
                     return False  # q is still elsewhere, or still in the loop that stopped the last try
         pos: list[tuple[Loop, int, _Watch] | None] = []
@@ -568,7 +575,7 @@ class GroupSteady:
             if self._finished(q):
                 pos.append(None)
                 continue
-            at = q.cursor.at_boundary()
+            at = q.cursor.at_boundary() if q.opened >= q.launch else None  # (waiting for a launch: elsewhere)
             if at is None:
                 self.blocker = (q, None, q.launch)
                 return False  # a PE in straight-line code or mid-iteration: nothing repeats now
@@ -639,9 +646,11 @@ class GroupSteady:
             ins = Insertion(loop, a[0], b[0], a[1], b[1], a[2], b[2], t1, t, k, q.cursor.program)
             jump(q, ins)
             self.insertions[q.pe].append(ins)
+            dt = ins.k * ins.dt
             w = x[2]
             w.outcome = (f"steady with the device: period {ins.p} iterations ({t - t1} cycles) proven at "
                          f"iteration {b[0]} against iteration {a[0]}; {k} periods inserted")
+        dev.shift += dt  # every PE not finished moved on as far: the simulated clock runs that far behind the real one
         if self.first is None:
             x = pos[self.pes.index(P)]
             self.first = (now[self.pes.index(P)][0] - then[self.pes.index(P)][0], now[self.pes.index(P)][0])
@@ -659,19 +668,22 @@ class GroupSteady:
 
 
 def simulate_group(progs: Sequence[Sequence[Program]], memories: Sequence[Sequence[Any]] | None,
-                   channels: dict, *, steady_state: bool = True,
-                   why_full: str = "steady_state=False") -> list[tuple[Timeline, Schedule, SteadyState]]:
+                   channels: dict, *, steady_state: bool = True, why_full: str = "steady_state=False",
+                   after: Sequence[Sequence[tuple]] = (), sync: int = 0
+                   ) -> list[tuple[Timeline, Schedule, SteadyState]]:
     """Run several PEs that share contended channels in one event loop: PE ``i`` runs the launches ``progs[i]``;
     in timing mode with the device steady state (:class:`GroupSteady`) unless ``steady_state`` is False.
+    ``after[i]``: PE ``i``'s launches' dependencies, ``(place in the group, launch index)`` pairs, ``sync`` their
+    signal latency (DESIGN.md §16).
 
     Returns:
         Per PE, as :func:`simulate_pe` does.
     """
     from .loop import device as make_device
 
-    pes = [new_pe(ps[0], launches=ps[1:], memories=() if memories is None else memories[i])
-           for i, ps in enumerate(progs)]
-    dev = make_device(pes, channels)
+    pes = [new_pe(ps[0], launches=ps[1:], memories=() if memories is None else memories[i],
+                  after=after[i] if after else ()) for i, ps in enumerate(progs)]
+    dev = make_device(pes, channels, sync)
     if memories is not None:
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
             run(dev)

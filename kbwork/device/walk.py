@@ -38,11 +38,13 @@ from ..errors import SimulationError
 _DISPATCH, _PLAN = 0, 1
 
 #: What bound a stage's start: the cause of a critical-path link (DESIGN §11).
-CAUSES = ("engine", "dependency", "hazard", "queue", "wait", "scheduler", "order", "launch")
-ENGINE, DEPENDENCY, HAZARD, QUEUE, WAIT, SCHEDULER, ORDER, LAUNCH = range(len(CAUSES))
+#: (``after`` sits before ``hazard``, not at the end: columns made from this order, such as a sweep's
+#: ``path_<cause>``, keep the order and the last columns they had)
+CAUSES = ("engine", "dependency", "after", "hazard", "queue", "wait", "scheduler", "order", "launch")
+ENGINE, DEPENDENCY, AFTER, HAZARD, QUEUE, WAIT, SCHEDULER, ORDER, LAUNCH = range(len(CAUSES))
 #: When constraints tie at the cycle that sets ``ready``, the first of these is named (``Bindings``
 #: tries each stage kind's constraints in this order).
-TIE_ORDER = (LAUNCH, HAZARD, SCHEDULER, WAIT, QUEUE, DEPENDENCY, ORDER)
+TIE_ORDER = (AFTER, LAUNCH, HAZARD, SCHEDULER, WAIT, QUEUE, DEPENDENCY, ORDER)
 
 
 class Bindings:
@@ -68,7 +70,8 @@ class Bindings:
 
     def __call__(self, s: int) -> tuple[int, int]:
         """``(cause, stage)`` for stage ``s``: a code into :data:`CAUSES` and the stage whose end bound
-        its start (-1 for the first command's DISPATCH, which nothing precedes).
+        its start (-1 for the first command's DISPATCH, which nothing precedes, and for a launch's first
+        DISPATCH bound by a launch it is ``after``, whose stage is on a PE of its own: :func:`after_link`).
 
         Raises:
             SimulationError: the timeline's records are inconsistent (a bug, never bad input).
@@ -80,6 +83,8 @@ class Bindings:
         k, c = self._kind[s], self._cmd[s]
         f = tl.front
         if k == _DISPATCH:
+            if f.d_after is not None and f.d_after[c] == r:  # a launch it is after (DESIGN.md §16)
+                return AFTER, -1
             if f.d_launch[c] == r:  # the first command of a later launch: after the last stage of the one before
                 return LAUNCH, self._last_of_launch_before(c, r)
             if f.d_wait[c] == r:
@@ -168,27 +173,30 @@ class Bindings:
         lo, hi = self.prog.plan_first[c], self.prog.plan_end[c]
         return lo + int(np.flatnonzero(self.tl.end[lo:hi] == r)[0])
 
-    def critical_path(self) -> tuple[list[int], list[int]]:
+    def critical_path(self, last: int | None = None) -> tuple[list[int], list[int]]:
         """The chain of stages that sets the end-to-end time, from cycle 0 to the last cycle.
 
-        It ends at the lowest-seq stage among those ending last and walks back
+        It ends at the lowest-seq stage among those ending last (or at stage ``last``) and walks back
         through what bound each start; each stage starts where the previous
-        one ends.
+        one ends. A launch's first DISPATCH bound by a launch it is ``after`` ends the walk on this PE (its
+        cause ``after``: the device's path goes on on that launch's PE, :func:`after_link`).
 
         Returns:
             ``(seqs, causes)`` in time order: the stages and the cause of each
             one's incoming link (the first, starting at cycle 0, ``dependency``).
         """
+        if last is not None:
+            return self._walk(last)
         if self._path is None:
             self._path = self._walk()
         seqs, causes = self._path
         return list(seqs), list(causes)
 
-    def _walk(self) -> tuple[list[int], list[int]]:
+    def _walk(self, last: int | None = None) -> tuple[list[int], list[int]]:
         tl = self.tl
         if not len(tl.end):
             return [], []
-        s = int(np.flatnonzero(tl.end == tl.end.max())[0])
+        s = int(np.flatnonzero(tl.end == tl.end.max())[0]) if last is None else last
         seqs: list[int] = []
         causes: list[int] = []
         start, end = tl.start, tl.end
@@ -211,6 +219,9 @@ class Bindings:
                     s = self._repeat(seqs, causes, j, dseq, lo)
                     period, seen = (periods.pop(0) if periods else None), {}
             cause, p = self(s)
+            if cause == AFTER:
+                causes.append(AFTER)
+                break
             if p < 0 or end[p] != start[s]:
                 raise SimulationError(f"the critical path breaks at {self.prog.table.describe(s)}: "
                                       f"{CAUSES[cause]} link to stage {p}.")
@@ -247,3 +258,56 @@ class Bindings:
             causes.extend(block_causes)
         causes.pop()  # the last copy's last stage: its link is computed by the caller
         return seqs[-1]
+
+
+def launch_of(tl, c: int) -> int:
+    """The launch (its index on its PE) that command ``c`` belongs to: the launches after the first start where
+    the front end's ``d_launch`` is set."""
+    return int((np.asarray(tl.front.d_launch[:c + 1]) >= 0).sum())
+
+
+def launch_end(b: Bindings, j: int) -> tuple[int, int]:
+    """``(end, stage)`` of launch ``j`` of ``b``'s PE: its last stage's end and the lowest-seq stage ending then."""
+    tl = b.tl
+    firsts = [0] + np.flatnonzero(np.asarray(tl.front.d_launch) >= 0).tolist() + [len(tl.done)]
+    lo, hi = firsts[j], firsts[j + 1]
+    done = np.asarray(tl.done[lo:hi])
+    e = int(done.max())
+    return e, min(b._completion(lo + int(x), e) for x in np.flatnonzero(done == e))
+
+
+def after_link(bindings: dict, deps: dict, sync: int, pe: int, s: int) -> tuple[int, int]:
+    """The stage that bound launch's first DISPATCH ``s`` on PE ``pe`` through ``after`` (DESIGN.md §16): of the
+    launches it waits for (``deps``: PE -> per launch, ``(pe, index)`` pairs), the one whose end + ``sync`` is the
+    DISPATCH's ready (the lowest PE, then index, on a tie), and its lowest-seq stage ending last: ``(PE, stage)``.
+
+    Raises:
+        SimulationError: no dependency ends then (a bug, never bad input).
+    """
+    b = bindings[pe]
+    c = int(b._cmd[s])
+    r = int(b.tl.ready[s])
+    for q, j in deps[pe][launch_of(b.tl, c)]:
+        e, stage = launch_end(bindings[q], j)
+        if e + sync == r:
+            return q, stage
+    raise SimulationError(f"no launch PE {pe}'s command {c} is after ends {sync} cycles before its ready {r}.")
+
+
+def device_path(bindings: dict, deps: dict | None, sync: int, pe: int) -> list[tuple[int, list[int], list[int]]]:
+    """The device's critical path (DESIGN.md §14, §16): PE ``pe``'s, and where it starts at a launch bound by one
+    it is ``after``, that launch's PE's path into it, and so on. ``bindings``: PE -> :class:`Bindings`.
+
+    Returns:
+        In time order, ``(PE, seqs, causes)`` stretches (each PE's own numbering), the first cause of each
+        stretch after the first ``after``.
+    """
+    out = []
+    seqs, causes = bindings[pe].critical_path()
+    while True:
+        out.append((pe, seqs, causes))
+        if not seqs or causes[0] != AFTER or deps is None:
+            break
+        pe, last = after_link(bindings, deps, sync, pe, seqs[0])
+        seqs, causes = bindings[pe].critical_path(last)
+    return out[::-1]

@@ -151,6 +151,25 @@ def gqa_decode(tl: TLContext, q: Handle, k: Handle, v: Handle, out: Handle, *, v
         ValidationError: an unknown variant, mismatched shapes, or a kv length
             that is not a multiple of ``tile``.
     """
+    st = decode_state(tl, q, k, v, variant=variant, tile=tile)
+    O, l = st.O, st.l
+    G, d = O.shape
+    # O is rounded once, at the store (DESIGN.md §17): the normalisation writes it in out's dtype
+    res = O if out.dtype == O.dtype else tl.alloc((G, d), out.dtype, name="O_out")
+    tl.composite(op="math", math_op="div_bcast", a=O, b=l, out=res, label="div_bcast O")
+    tl.store(res, out, label="dma_store O")
+
+
+def decode_state(tl: TLContext, q: Handle, k: Handle, v: Handle, *, variant: str, tile: int) -> DecodeState:
+    """Emit §7's decode up to (not including) the final ``div_bcast``: the loads, the fills and every tile's
+    Q·Kᵀ and merge, in §7's program order. Returns the :class:`DecodeState` whose ``m``, ``l`` and ``O`` (TCM,
+    fp32) hold the state after the last tile (``O`` unnormalised). :func:`gqa_decode` and
+    :func:`kbwork.kernels.split.gqa_decode_partial` share it.
+
+    Raises:
+        ValidationError: an unknown variant, mismatched shapes, or a kv length that is not a multiple of
+            ``tile``.
+    """
     spec = VARIANTS.get(variant) if isinstance(variant, str) else None
     if spec is None:
         raise ValidationError(f"decode variant {variant!r} is unknown; use one of {', '.join(VARIANTS)}.")
@@ -187,7 +206,4 @@ def gqa_decode(tl: TLContext, q: Handle, k: Handle, v: Handle, out: Handle, *, v
         qk(j + 1)
         merge(j)
     merge(n_tiles - 1)               # the last tile, peeled: it has no next tile
-    # O is rounded once, at the store (DESIGN.md §17): the normalisation writes it in out's dtype
-    res = O if out.dtype == O.dtype else tl.alloc((G, d), out.dtype, name="O_out")
-    tl.composite(op="math", math_op="div_bcast", a=O, b=l, out=res, label="div_bcast O")
-    tl.store(res, out, label="dma_store O")
+    return st

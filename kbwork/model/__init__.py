@@ -19,17 +19,18 @@ limits on a batch), :mod:`.capacity` (what fits: weights and KV cache against th
 from . import capacity
 from .bounds import BOUND_KINDS, PhysicalBound, physical_bound, with_bounds
 from .contention import per_head_contention
-from .device import DEVICE_V1, Device, load_device
+from .device import DEVICE_V1, AttentionPlan, Device, attention_plan, load_device
 from .capacity import kv_bytes, parameters, weight_bytes
 from .files import Host, Model, load_host, load_model
 from .host import Gemm, HostAttention, gemm, host_attention, layer_gemms, lm_head
 from .schedule import Job, list_schedule
 from .steps import DEFAULT_VARIANTS, PLACEMENTS, AttentionRun, Step, compare, step
 from .sweeps import SWEEP_AXES, sweep
-from .tasks import Padding, Task, assign_tasks
+from .tasks import MAPPINGS, MERGES, Padding, Task, assign_tasks
 
 __all__ = ["step", "compare", "sweep", "Step", "AttentionRun", "load_model", "load_host", "load_device", "Model",
            "Host", "Device", "Task", "Padding", "assign_tasks", "gemm", "Gemm", "layer_gemms", "lm_head",
            "host_attention", "HostAttention", "Job", "list_schedule", "DEVICE_V1", "DEFAULT_VARIANTS",
            "PLACEMENTS", "SWEEP_AXES", "physical_bound", "PhysicalBound", "with_bounds", "BOUND_KINDS",
-           "per_head_contention", "capacity", "parameters", "weight_bytes", "kv_bytes"]
+           "per_head_contention", "capacity", "parameters", "weight_bytes", "kv_bytes", "attention_plan",
+           "AttentionPlan", "MAPPINGS", "MERGES"]

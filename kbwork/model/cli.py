@@ -121,6 +121,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="serial, or ping_pong (two halves overlapping host and device) for the device placement "
                         "(default serial)")
     s.add_argument("--tile", type=positive_int, default=128, help="decode tile and padding unit (default 128)")
+    s.add_argument("--mapping", default="sequence", choices=("sequence", "split"),
+                   help="sequence: each (sequence, KV head) on one PE; split: a layer's KV tiles balanced over "
+                        "every PE, chunks merged (default sequence)")
+    s.add_argument("--merge", default="device", choices=("device", "host"),
+                   help="where split chunks are merged: a merge launch on the device, or a merge phase on the "
+                        "host (default device)")
     s.add_argument("--weight-dtype", default=None, choices=("bf16", "fp8"),
                    help="the weights' dtype over the model's: fp8 is W8A8, GEMMs at the host's peak_tflops_fp8")
     s.add_argument("--kv-dtype", default=None, choices=("bf16", "fp8"),
@@ -206,7 +212,8 @@ def cmd_step(a: argparse.Namespace) -> int:
     with bar:
         progress = getattr(bar, "phase", None)
         steps = [step(m, contexts, variant=v, device=device, host=host, placement=p, schedule=a.schedule,
-                      tile=a.tile, check_capacity=not a.no_capacity_check, progress=progress) for v, p in todo]
+                      tile=a.tile, check_capacity=not a.no_capacity_check, progress=progress, mapping=a.mapping,
+                      merge=a.merge) for v, p in todo]
     if a.json:
         print(json.dumps({"model": m.to_dict(), "batch": len(contexts), "contexts": contexts, "tile": a.tile,
                           "cases": [s.to_dict() for s in steps]}, indent=2))
@@ -244,6 +251,8 @@ def format_steps(steps: list[Any]) -> str:
              f"host: {first.host!r}"]
     if any(s.placement == "ahbm" for s in steps):
         lines.append(f"device: {first.device!r}")
+        if first.mapping != "sequence":
+            lines.append(f"mapping: {first.mapping} (merge on the {first.merge}; DESIGN.md §16)")
     lines += ["",
               f"{'placement':10}{'variant':9}{'schedule':11}{'ms/step':>10}{'tokens/s':>11}{'attention us/layer':>20}"
               f"{'J/step':>9}{'tokens/J':>10}{'W':>8}{'fits':>6}"]

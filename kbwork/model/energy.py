@@ -13,6 +13,9 @@ device's topology):
 * **device attention** (``placement="ahbm"``): ``layers`` × Σ over the layer's attention runs of
   :func:`kbwork.analysis.energy` by kind, without ``idle``; **device idle**: ``pe_idle_mw · pes`` × the
   step's seconds;
+* **host merge** (``placement="ahbm"``, split-KV with ``merge="host"``, DESIGN.md §16; 0 J otherwise): every
+  layer's partial bytes (``Step.merge_bytes``) · 8 · ``gpu_hbm_pj_per_bit``; its busy time is in the
+  timeline, so in host busy;
 * **hand-off** (``placement="ahbm"``): per layer and half, q to the device and O back, each
   ``B · heads · head_dim · 2`` bytes, × 8 × ``link_pj_per_bit`` (the new token's K and V are not counted, as
   in the timing).
@@ -100,6 +103,8 @@ def step_energy(step: Any, **device_keys: Any) -> pd.DataFrame:
         topo = step.device.topology
         idle_mw = prices(topo, **device_keys)["idle"] * topo.clock_ghz  # pe_idle_mw, overrides applied
         rows.append(("device idle", "device", "idle", idle_mw * 1e-3 * step.device.pes * step.seconds))
+        # the host's merge of split-KV partials (DESIGN.md §16, merge="host"; 0 J otherwise): its HBM traffic
+        rows.append(("merge", "host", "hbm", layers * getattr(step, "merge_bytes", 0) * gpu_bit))
         q_and_o = sum(2 * x.rows * m.heads * m.head_dim * BYTES_PER_ELEMENT for x in halves)
         rows.append(("handoff", "link", "link", layers * q_and_o * 8 * h.link_pj_per_bit * _PJ))
     elif device_keys:

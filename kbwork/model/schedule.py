@@ -27,9 +27,9 @@ import pandas as pd
 
 from ..errors import SimulationError, ValidationError
 
-QKV, ATTENTION, O_FFN, LM_HEAD = "QKV", "attention", "O+FFN", "LM head"
-#: The phase order of a job's key.
-PHASES = (QKV, ATTENTION, O_FFN, LM_HEAD)
+QKV, ATTENTION, MERGE, O_FFN, LM_HEAD = "QKV", "attention", "merge", "O+FFN", "LM head"
+#: The phase order of a job's key (``merge``: the host's merge of split-KV partials, DESIGN.md §16).
+PHASES = (QKV, ATTENTION, MERGE, O_FFN, LM_HEAD)
 HALVES = ("A", "B")
 SCHEDULES = ("serial", "ping_pong")
 TIMELINE_COLUMNS = ["task", "half", "layer", "phase", "resource", "start", "end"]
@@ -68,12 +68,16 @@ class HalfCosts:
     lm_head: float
     attention_resource: str = "device"
     handoff: float = 0.0
+    #: the host's merge of split-KV partials after attention (0: no merge job; DESIGN.md §16)
+    merge: float = 0.0
 
 
 def chain_jobs(layers: int, halves: Sequence[HalfCosts]) -> list[Job]:
     """Every job of a step: per half h and layer l, QKV(h, l) -> attention(h, l) -> O+FFN(h, l) ->
     QKV(h, l + 1), the two arrows around attention carrying that half's ``handoff``; after the last layer
-    each half's LM head. Keys ``(layer, half index, phase index)``; the LM head has the last layer's."""
+    each half's LM head. With a host merge (``merge > 0``) a merge job on the host sits between attention
+    and O+FFN (the hand-off on its way in). Keys ``(layer, half index, phase index)``; the LM head has the
+    last layer's."""
     jobs: list[Job] = []
     for hi, c in enumerate(halves):
         h = HALVES[hi]
@@ -83,9 +87,13 @@ def chain_jobs(layers: int, halves: Sequence[HalfCosts]) -> list[Job]:
             jobs.append(Job(names[0], "host", c.qkv, prev, (layer, hi, 0), h, layer, QKV))
             jobs.append(Job(names[1], c.attention_resource, c.attention, ((names[0], c.handoff),), (layer, hi, 1),
                             h, layer, ATTENTION))
-            jobs.append(Job(names[2], "host", c.o_ffn, ((names[1], c.handoff),), (layer, hi, 2), h, layer, O_FFN))
+            into_o = ((names[1], c.handoff),)
+            if c.merge > 0:  # the partials come back to the host, which merges them before O+FFN
+                jobs.append(Job(f"{MERGE} {h}{layer}", "host", c.merge, into_o, (layer, hi, 2), h, layer, MERGE))
+                into_o = ((f"{MERGE} {h}{layer}", 0.0),)
+            jobs.append(Job(names[2], "host", c.o_ffn, into_o, (layer, hi, 3), h, layer, O_FFN))
             prev = ((names[2], 0.0),)
-        jobs.append(Job(f"{LM_HEAD} {h}", "host", c.lm_head, prev, (layers - 1, hi, 3), h, layers - 1, LM_HEAD))
+        jobs.append(Job(f"{LM_HEAD} {h}", "host", c.lm_head, prev, (layers - 1, hi, 4), h, layers - 1, LM_HEAD))
     return jobs
 
 
@@ -219,8 +227,8 @@ def _check_jobs(jobs: Any) -> None:
 
 
 def serial_seconds(layers: int, c: HalfCosts) -> float:
-    """The closed form of a serial step: ``layers · (qkv + 2·handoff + attention + o_ffn) + lm_head``."""
-    return layers * (c.qkv + 2 * c.handoff + c.attention + c.o_ffn) + c.lm_head
+    """The closed form of a serial step: ``layers · (qkv + 2·handoff + attention + merge + o_ffn) + lm_head``."""
+    return layers * (c.qkv + 2 * c.handoff + c.attention + c.merge + c.o_ffn) + c.lm_head
 
 
 __all__ = ["Job", "HalfCosts", "chain_jobs", "list_schedule", "serial_seconds", "PHASES", "SCHEDULES",

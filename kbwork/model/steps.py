@@ -23,12 +23,13 @@ from .capacity import memory_frame, overfull
 from .checks import _check_choice, _check_tile, _check_variant, check_contexts, check_device_tasks, \
     refuse_misnamed
 from .energy import split_keys, step_energy
-from .device import DEVICE_V1, Device, attention_run, channel_bound_cycles, load_device, per_pe_cycles
+from .device import DEVICE_V1, Device, attention_run, channel_bound_cycles, load_device, partial_bytes, \
+    per_pe_cycles
 from .files import Host, Model, load_host, load_model, with_dtypes
 from .host import HOST_BANDWIDTH, HOST_FLOPS, LAYER_GEMMS, LM_HEAD, Gemm, HostAttention, host_attention, \
     layer_gemms, lm_head
 from .schedule import HALVES, SCHEDULES, HalfCosts, chain_jobs, list_schedule, serial_seconds
-from .tasks import Padding, Task, assign_tasks, padded
+from .tasks import MAPPINGS, MERGES, Padding, Task, assign_tasks, padded
 
 PLACEMENTS = ("ahbm", "host")
 AHBM = "ahbm"
@@ -40,6 +41,7 @@ NO_VARIANT = "-"
 #: The variants :func:`compare`, :func:`kbwork.model.sweep` and ``kbwork step`` run by default.
 DEFAULT_VARIANTS = ("opt2", "opt3", "a1")
 BREAKDOWN_COLUMNS = ["phase", "resource", "bound", "per_layer_us", "per_step_us"]
+MERGE = "merge"
 
 
 # --- records -----------------------------------------------------------------------------------
@@ -89,6 +91,10 @@ class _Half:
     attention_s: float
     attention: AttentionRun | None
     host_attention: HostAttention | None
+    #: the host's merge of this half's split-KV partials per layer, seconds (0 unless merge="host" split
+    #: something), and the bytes it moves
+    merge_s: float = 0.0
+    merge_bytes: int = 0
 
 
 class Step:
@@ -128,6 +134,13 @@ class Step:
             ``attention_runs``), ``None`` for the host placement.
         timeline: the schedule, one row per task: ``task, half, layer, phase, resource, start, end`` (µs).
         notes: what the step did that was not asked for in so many words.
+        mapping: ``"sequence"`` (DESIGN.md §15: one PE per (sequence, KV head)) or ``"split"`` (§16: each
+            layer's tiles balanced over the PEs, a sequence's keys split into chunks where they span PEs).
+        merge: where split chunks are merged: ``"device"`` (a ``gqa_merge`` launch per split (s, h), inside
+            the attention run) or ``"host"`` (a merge phase on the host after attention, the ``merge`` row of
+            :attr:`breakdown`); under ``mapping="sequence"`` nothing is split, and the merge costs 0.
+        merge_bytes: the partial bytes one layer's host merge moves (0 unless ``merge="host"`` split
+            something), bytes.
         weight_dtype, kv_dtype: the step's weights (``"fp8"``: W8A8) and KV cache dtypes, ``"bf16"`` or
             ``"fp8"`` (DESIGN.md §17); ``model`` carries them too.
         energy: the step's energy (DESIGN.md §18), one row per (part, resource, kind): ``part, resource, kind,
@@ -138,11 +151,14 @@ class Step:
 
     def __init__(self, *, model: Model, host: Host, device: Device, contexts: tuple[int, ...], variant: str,
                  placement: str, schedule: str, tile: int, halves: list[_Half], timeline: pd.DataFrame,
-                 seconds: float, notes: tuple[str, ...], memory: pd.DataFrame, serial_seconds: float | None = None):
+                 seconds: float, notes: tuple[str, ...], memory: pd.DataFrame, serial_seconds: float | None = None,
+                 mapping: str = "sequence", merge: str = "device"):
         self.model, self.host, self.device, self.contexts = model, host, device, contexts
         self.batch = len(contexts)
         self.variant, self.placement, self.schedule, self.tile = variant, placement, schedule, tile
         self._halves = halves
+        self.mapping, self.merge = mapping, merge
+        self.merge_bytes = sum(h.merge_bytes for h in halves)
         self.timeline = timeline
         self.seconds = seconds
         self.tokens_per_s = self.batch / seconds
@@ -232,6 +248,9 @@ class Step:
             add(HANDOFF, "", HANDOFF, s, layers * s)
             s = sum(h.attention_s for h in hs)
             add("attention", "device", AHBM, s, layers * s)
+            s = sum(h.merge_s for h in hs)
+            add(MERGE, "host" if self.merge == "host" else "device", HOST_BANDWIDTH if self.merge == "host" else AHBM,
+                s, layers * s)
         else:
             s = hs[0].attention_s
             add("attention", "host", HOST_BANDWIDTH, s, layers * s)
@@ -255,6 +274,7 @@ class Step:
             if self.placement == AHBM:
                 shares[AHBM] += layers * h.attention_s
                 shares[HANDOFF] += layers * 2 * self.host.handoff_s
+                shares[HOST_BANDWIDTH] += layers * h.merge_s  # the host's merge streams the partials
             else:
                 shares[HOST_BANDWIDTH] += layers * h.attention_s  # streaming the KV cache
         return shares
@@ -307,12 +327,15 @@ class Step:
             "device": {k: clean(v) for k, v in self.device.to_dict().items()} if self.placement == AHBM else None,
             "notes": list(self.notes),
             "weight_dtype": self.weight_dtype, "kv_dtype": self.kv_dtype,
+            "mapping": self.mapping, "merge": self.merge, "merge_bytes": self.merge_bytes,
         }
 
     def __repr__(self) -> str:
         ctx = (f"context {self.contexts[0]}" if len(set(self.contexts)) == 1 else
                f"contexts {min(self.contexts)}-{max(self.contexts)}")
         what = f"{self.variant} on ahbm" if self.placement == AHBM else "attention on the host"
+        if self.placement == AHBM and self.mapping != "sequence":
+            what += f", {self.mapping} (merge on the {self.merge})"
         return (f"Step({self.model.name}, batch {self.batch}, {ctx}, {what}, {self.schedule}: "
                 f"{self.seconds * 1e3:.4g} ms, {self.tokens_per_s:.4g} tokens/s; bound: {self.bound_kind}"
                 f"{'' if self.fits else '; does not fit'})")
@@ -327,7 +350,8 @@ def _one_bound(gemms: Sequence[Gemm]) -> str:
 def step(model: str | Model, contexts: Sequence[int], *, variant: str = "opt2", device: Any = DEVICE_V1,
          host: Any = "h200", placement: str = "ahbm", schedule: str = "serial", tile: int = 128,
          check_capacity: bool = True, progress: Callable[[str], ContextManager[Any]] | None = None,
-         weight_dtype: str | None = None, kv_dtype: str | None = None, **overrides: Any) -> Step:
+         weight_dtype: str | None = None, kv_dtype: str | None = None, mapping: str = "sequence",
+         merge: str = "device", **overrides: Any) -> Step:
     """One decode step of ``model`` over a batch of ``contexts`` (DESIGN.md §15), timing mode.
 
     Args:
@@ -350,6 +374,12 @@ def step(model: str | Model, contexts: Sequence[int], *, variant: str = "opt2", 
             §17): fp8 weights are W8A8 GEMMs at the host's ``peak_tflops_fp8``, 1 byte per weight and
             activation element; fp8 KV is 1 byte per element on either placement (the device's tasks run
             with ``kv_dtype="fp8"``).
+        mapping: ``"sequence"`` (each (sequence, KV head) one task on one PE, DESIGN.md §15) or ``"split"``
+            (a layer's tiles balanced over the PEs, a (sequence, KV head) spanning PEs split into chunks,
+            §16; placement ``"ahbm"``).
+        merge: where split chunks are merged (``mapping="split"``): ``"device"`` (a ``gqa_merge`` launch on
+            the PE of the last chunk, after the others) or ``"host"`` (a merge phase on the host after
+            attention, ``partial bytes / (hbm_bytes_per_s · eta_bw) + launch_s``).
         **overrides: device keys (``pes``, ``hbm_channels``, ``channel_bytes_per_cycle``) and topology keys
             (``fixed_cycles``, ``hazard_policy``, ...).
 
@@ -357,7 +387,7 @@ def step(model: str | Model, contexts: Sequence[int], *, variant: str = "opt2", 
         A :class:`Step`.
 
     Raises:
-        ValidationError: bad contexts, variant, placement, schedule or tile; a batch beyond
+        ValidationError: bad contexts, variant, placement, schedule, mapping, merge or tile; a batch beyond
             :data:`~kbwork.model.checks.MAX_BATCH` sequences or, on the device, beyond
             :data:`~kbwork.model.checks.MAX_DEVICE_TASKS` decode tasks per layer; a keyword that is not
             ``step``'s (``mode=``: a step is timing-only; ``variants=``, ``placements=``: ``compare``'s).
@@ -374,6 +404,8 @@ def step(model: str | Model, contexts: Sequence[int], *, variant: str = "opt2", 
     variant = _check_variant(variant, where)
     placement = _check_choice("placement", placement, PLACEMENTS, where)
     schedule = _check_choice("schedule", schedule, SCHEDULES, where)
+    mapping = _check_choice("mapping", mapping, MAPPINGS, where)
+    merge = _check_choice("merge", merge, MERGES, where)
     tile = _check_tile(tile, where)
     ctx = check_contexts(contexts, tile, where)
     if placement == AHBM:
@@ -391,6 +423,8 @@ def step(model: str | Model, contexts: Sequence[int], *, variant: str = "opt2", 
         if schedule != "serial":
             notes.append(f"schedule={schedule!r} applies to placement='ahbm'; the host placement is serial.")
             schedule = "serial"
+        if mapping != "sequence":
+            notes.append(f"mapping={mapping!r} applies to placement='ahbm'; the host placement maps nothing to PEs.")
         with phase("host: GEMMs and attention"):
             ha = host_attention(m, h, ctx)
             halves.append(_Half("", len(ctx), layer_gemms(m, h, len(ctx)), lm_head(m, h, len(ctx)), ha.seconds,
@@ -412,13 +446,16 @@ def step(model: str | Model, contexts: Sequence[int], *, variant: str = "opt2", 
             if len(parts) > 2 and not name:
                 label += ", for the serial step to compare"
             with phase(f"{variant} on the device: one layer's attention ({label}, {len(part) * m.kv_heads} tasks)"):
-                tasks = assign_tasks(part, kv_heads=m.kv_heads, pes=dev.pes, tile=tile, first_sequence=first)
+                tasks = assign_tasks(part, kv_heads=m.kv_heads, pes=dev.pes, tile=tile, first_sequence=first,
+                                     mapping=mapping)
                 drun = attention_run(tasks, dev, variant, tile, group=m.group, head_dim=m.head_dim,
-                                     kv_dtype=m.kv_dtype)
+                                     kv_dtype=m.kv_dtype, merge=merge)
                 run = AttentionRun(name, tasks, drun.cycles, per_pe_cycles(drun, dev.pes), drun.cycles / dev.clock_hz,
                                    channel_bound_cycles(tasks, dev, m.head_dim, m.kv_dtype), drun)
+            moved = partial_bytes(tasks, m.group, m.head_dim) if merge == "host" else 0
+            merge_s = moved / (h.hbm_bytes_per_s * h.eta_bw) + h.launch_s if moved else 0.0
             halves.append(_Half(name, len(part), layer_gemms(m, h, len(part)), lm_head(m, h, len(part)),
-                                run.seconds, run, None))
+                                run.seconds, run, None, merge_s, moved))
         if len(halves) > 2:
             whole = halves.pop()
             serial_s = serial_seconds(m.layers, _costs(whole, "device", h.handoff_s))
@@ -431,7 +468,7 @@ def step(model: str | Model, contexts: Sequence[int], *, variant: str = "opt2", 
         notes.append(_ping_pong_slower(m, dev, halves, whole, seconds, serial_s))
     return Step(model=m, host=h, device=dev, contexts=ctx, variant=variant, placement=placement, schedule=schedule,
                 tile=tile, halves=halves, timeline=timeline, seconds=seconds, notes=tuple(notes), memory=memory,
-                serial_seconds=serial_s)
+                serial_seconds=serial_s, mapping=mapping, merge=merge)
 
 
 def step_memory(m: Model, h: Host, dev: Device, placement: str, contexts: Sequence[int], tile: int) -> pd.DataFrame:
@@ -463,7 +500,7 @@ def _costs(half: _Half, resource: str, handoff: float) -> HalfCosts:
     g = half.gemms
     return HalfCosts(qkv=g["QKV"].seconds, attention=half.attention_s,
                      o_ffn=g["O"].seconds + g["FFN up"].seconds + g["FFN down"].seconds,
-                     lm_head=half.lm_head.seconds, attention_resource=resource, handoff=handoff)
+                     lm_head=half.lm_head.seconds, attention_resource=resource, handoff=handoff, merge=half.merge_s)
 
 
 # --- variants x placements ---------------------------------------------------------------------
@@ -492,11 +529,16 @@ def cases(variants: Sequence[str], placements: Sequence[str], where: str) -> lis
     return out
 
 
-def compare_row(s: Step) -> dict[str, Any]:
-    """One row of :func:`compare` for step ``s``."""
+#: The columns :func:`compare` adds after ``schedule`` when it is given ``mappings`` or ``merges``.
+MAPPING_COLUMNS = ["mapping", "merge"]
+
+
+def compare_row(s: Step, mapping: bool = False) -> dict[str, Any]:
+    """One row of :func:`compare` for step ``s`` (with its ``mapping`` and ``merge`` when ``mapping``)."""
     attn = (s.attention_cycles / s.device.clock_hz if s.placement == AHBM else s.host_attention.seconds) * 1e6
+    how = {"mapping": s.mapping, "merge": s.merge} if mapping else {}
     return {"variant": s.variant if s.placement == AHBM else NO_VARIANT, "placement": s.placement,
-            "schedule": s.schedule, "seconds": s.seconds, "tokens_per_s": s.tokens_per_s,
+            "schedule": s.schedule, **how, "seconds": s.seconds, "tokens_per_s": s.tokens_per_s,
             "attention_us_per_layer": attn, "bound_kind": s.bound_kind, "bound": s.bound, "fits": s.fits,
             "joules": s.joules, "tokens_per_j": s.tokens_per_j, "watts": s.watts}
 
@@ -504,8 +546,15 @@ def compare_row(s: Step) -> dict[str, Any]:
 def compare(model: str | Model, contexts: Sequence[int], *, variants: Sequence[str] = DEFAULT_VARIANTS,
             placements: Sequence[str] = PLACEMENTS, schedule: str = "serial", device: Any = DEVICE_V1,
             host: Any = "h200", tile: int = 128, weight_dtype: str | None = None, kv_dtype: str | None = None,
+            mappings: Sequence[str] | None = None, merges: Sequence[str] | None = None,
             **overrides: Any) -> pd.DataFrame:
     """Every variant on the device and the host alone, on one batch: a DataFrame, one row per case.
+
+    ``mappings`` (``"sequence"``, ``"split"``) and ``merges`` (``"device"``, ``"host"``), when given, are two
+    more axes of the device's cases (DESIGN.md §16): every variant under every mapping, a split one under
+    every merge (``"sequence"`` splits nothing: its row has the first merge); the rows then carry
+    ``mapping`` and ``merge`` after ``schedule``. ``None`` (the default): the sequence mapping alone and no
+    such columns.
 
     Columns: ``variant`` (``"-"`` for the host placement, where no PE variant runs), ``placement``,
     ``schedule``, ``seconds``, ``tokens_per_s``, ``attention_us_per_layer``, ``bound_kind``, ``bound``,
@@ -521,12 +570,37 @@ def compare(model: str | Model, contexts: Sequence[int], *, variants: Sequence[s
     """
     refuse_misnamed(overrides, "model.compare")
     todo = cases(variants, placements, "model.compare")
+    ways = mapping_cases(mappings, merges, "model.compare")
     tile = _check_tile(tile, "model.compare")
     ctx = check_contexts(contexts, tile, "model.compare")
     if any(p == AHBM for _, p in todo):
         check_device_tasks(len(ctx), load_model(model).kv_heads, "model.compare")
     load_device(device, **dict(overrides))
     model = with_dtypes(load_model(model), weight_dtype, kv_dtype)
+    show = mappings is not None or merges is not None
     rows = [compare_row(step(model, contexts, variant=v, device=device, host=host, placement=p, schedule=schedule,
-                             tile=tile, check_capacity=False, **overrides)) for v, p in todo]
-    return pd.DataFrame(rows, columns=COMPARE_COLUMNS)
+                             tile=tile, check_capacity=False, mapping=mp, merge=mg, **overrides), show)
+            for v, p in todo for mp, mg in (ways if p == AHBM else ways[:1])]
+    columns = COMPARE_COLUMNS[:3] + MAPPING_COLUMNS + COMPARE_COLUMNS[3:] if show else COMPARE_COLUMNS
+    return pd.DataFrame(rows, columns=columns)
+
+
+def mapping_cases(mappings: Sequence[str] | None, merges: Sequence[str] | None, where: str) -> list[tuple[str, str]]:
+    """The (mapping, merge) pairs a comparison runs on the device: every mapping, a split one under every merge
+    (``None``: ``("sequence",)`` and ``("device",)``).
+
+    Raises:
+        ValidationError: an empty, repeated or unknown mapping or merge.
+    """
+    out = []
+    lists = []
+    for what, given, choices, default in (("mappings", mappings, MAPPINGS, "sequence"),
+                                          ("merges", merges, MERGES, "device")):
+        given = (default,) if given is None else given
+        if isinstance(given, str) or not isinstance(given, (list, tuple)) or not given or len(set(given)) != len(given):
+            raise ValidationError(f"{where}: {what} must be a non-empty list or tuple of distinct values of "
+                                  f"{choices}, got {given!r}.")
+        lists.append([_check_choice(what[:-1], g, choices, where) for g in given])
+    for mp in lists[0]:
+        out += [(mp, mg) for mg in lists[1]] if mp == "split" else [(mp, lists[1][0])]
+    return out

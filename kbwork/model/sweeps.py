@@ -29,6 +29,7 @@ from .checks import check_batch, check_device_tasks, refuse_misnamed
 from .device import DEVICE_KEYS, DEVICE_V1, load_device
 from .files import load_host, load_model
 from .schedule import SCHEDULES
+from .tasks import MAPPINGS, MERGES
 from .steps import AHBM, BOUND_KINDS, COMPARE_COLUMNS, DEFAULT_VARIANTS, HANDOFF, NO_VARIANT, _check_choice, \
     _check_tile, check_contexts, compare_row, step
 from .steps import cases as _cases
@@ -39,12 +40,15 @@ def sweep_axes() -> tuple[str, ...]:
     model's own), every sweepable host key and every sweepable topology key (the device keys first), as the key tables say
     (:func:`kbwork.keys.sweepable_host_keys`, :func:`kbwork.config.sweepable_keys`)."""
     topo = sweepable_keys()
-    return ("model", "batch", "context", "tile", *DTYPE_AXES, *sweepable_host_keys(), *(k for k in DEVICE_KEYS if k in topo),
+    return ("model", "batch", "context", "tile", *DTYPE_AXES, *MAPPING_AXES, *sweepable_host_keys(),
+            *(k for k in DEVICE_KEYS if k in topo),
             *(k for k in topo if k not in DEVICE_KEYS))
 
 
 #: The precision axes (DESIGN.md §17): model keys a point applies over its model's.
 DTYPE_AXES = ("weight_dtype", "kv_dtype")
+#: The split-KV axes (DESIGN.md §16): how a layer's attention is mapped to PEs and where split chunks merge.
+MAPPING_AXES = {"mapping": MAPPINGS, "merge": MERGES}
 #: :func:`sweep_axes` when kbwork was imported.
 SWEEP_AXES = sweep_axes()
 #: The axes every sweep has, with their defaults (``context`` has none: it must be given).
@@ -190,6 +194,8 @@ def _check_axis_value(name: str, val: Any, base_host: Any, base_device: Any) -> 
             load_model(val)
         elif name in DTYPE_AXES:
             _keys.MODEL.check(name, val)
+        elif name in MAPPING_AXES:
+            _check_choice(name, val, MAPPING_AXES[name], "sweep")
         elif name in ("batch", "context", "tile"):
             _positive_int(name, val)
             if name == "batch":
@@ -228,7 +234,7 @@ def _sweep_point(task: tuple) -> list[dict]:
     for variant, placement, schedule in todo_cases:
         s = step(point["model"], contexts, variant=variant, device=d, host=h, placement=placement,
                  schedule=schedule, tile=point.get("tile", 128), check_capacity=False,  # rows carry fits
-                 **{k: point[k] for k in DTYPE_AXES if k in point})
+                 **{k: point[k] for k in (*DTYPE_AXES, *MAPPING_AXES) if k in point})
         rows.append({**point, **compare_row(s)})
     return rows
 

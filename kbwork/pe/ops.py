@@ -20,7 +20,7 @@ kind                    operands -> out            numpy meaning
 ``rmax``, ``rsum``      a (G,T) -> out (G,1)       row max / row sum
 ``max_elem``            a, b -> out                ``maximum(a, b)``
 ``exp_diff``            a, b -> out                ``exp(a - b)``, b per row when (G,1)
-``fma``                 a, b, c -> out             ``a * b + c``
+``fma``                 a, b, c -> out             ``a * b + c``, b per row when (G,1)
 ``mul_bcast``           a (G,d), b (G,1) -> out    ``a * b`` per row
 ``div_bcast``           a (G,d), b (G,1) -> out    ``a / b`` per row
 ``mul``                 a, b -> out                ``a * b``, numpy broadcasting (a row
@@ -123,7 +123,7 @@ OPS: dict[str, OpInfo] = {op.kind: op for op in (
     OpInfo("max_elem", ("a", "b"), fn=np.maximum, doc="out = maximum(a, b)"),
     OpInfo("exp_diff", ("a", "b"), exp_cost=True, fn=lambda a, b: np.exp(a - b),
            doc="out = exp(a - b), b broadcast per row"),
-    OpInfo("fma", ("a", "b", "c"), fn=lambda a, b, c: a * b + c, doc="out = a * b + c"),
+    OpInfo("fma", ("a", "b", "c"), fn=lambda a, b, c: a * b + c, doc="out = a * b + c, b broadcast per row"),
     OpInfo("mul_bcast", ("a", "b"), fn=np.multiply, doc="out = a * b, b (rows, 1) per row"),
     OpInfo("div_bcast", ("a", "b"), fn=np.divide, doc="out = a / b, b (rows, 1) per row"),
     OpInfo("mul", ("a", "b"), fn=np.multiply, doc="out = a * b (numpy broadcasting)"),

@@ -232,6 +232,10 @@ def device_gantt(run: Any, pes: Sequence[int] | int | None = None, *, channels: 
     _check_clock(clock_ghz, where)
     _check_dpi(dpi, where)
     path_pe = run.last_pe() if hasattr(run, "last_pe") else run.pes[0]
+    # the path ends on path_pe; across an ``after`` link (DESIGN.md §16) it runs on other PEs too: each panel
+    # outlines its own PE's stretch of it
+    full_path = run.critical_path() if critical_path else None
+    path_pes = set(full_path["pe"].tolist()) if full_path is not None else set()
     # the shown PEs' own op_logs, and the loads of the channels they use: a device's whole op_log (every PE's
     # stages) is not built for a few PEs
     logs = {p: run.pe(p).op_log for p in shown}
@@ -255,10 +259,11 @@ def device_gantt(run: Any, pes: Sequence[int] | int | None = None, *, channels: 
         # overlap on a row are one bar, back-to-back path stages on one unit one outline
         gantt(rows, ax=ax, window=window, clock_ghz=clock if i == 0 else None, legend=False, hatch=hatch,
               holds=merged_holds(rows, run.pe(p).holds(), tracks) if holds else None,
-              critical_path=merged_path(run.critical_path()) if critical_path and p == path_pe else None, dpi=dpi)
+              critical_path=merged_path(full_path[full_path["pe"] == p].reset_index(drop=True))
+              if p in path_pes else None, dpi=dpi)
         ax.set_gid(f"pe:{p}")
         path_width = min(path_width, _thin_path(ax))
-        ax.set_ylabel(f"PE {p}" + (" (critical path)" if p == path_pe and critical_path else ""),
+        ax.set_ylabel(f"PE {p}" + (" (critical path)" if p in path_pes else ""),
                       fontweight="bold", fontsize=9)
     shades: set[int] = set()
     for ax, c in zip(axes[len(shown):], chans):
@@ -271,7 +276,7 @@ def device_gantt(run: Any, pes: Sequence[int] | int | None = None, *, channels: 
     axes[0].set_xlim(*(window if window is not None else (0, run.cycles * 1.01 or 1)))
     handles = _gantt_handles([_legend_of(run, pd.concat([logs[p] for p in shown], ignore_index=True), hatch,
                                          int(sum(len(run.pe(p).holds()) for p in shown)) if holds else 0,
-                                         run.critical_path() if critical_path and path_pe in shown else None)])
+                                         full_path if path_pes & set(shown) else None)])
     for g in sorted(shades):
         words = f"{g} flow{'s' if g > 1 else ''}" + (" or more" if g == max(FLOW_SHADES) else "")
         handles.append(Patch(color=FLOW_SHADES[g], label=f"channel in use,\n{words}"))

@@ -43,6 +43,7 @@ CAUSE_COLORS = {
     "wait": "#33BBEE",
     "scheduler": "#EE3377",
     "order": "#009988",
+    "after": "#AA3377",
 }
 #: Hatch pattern by tensor: the stages that move it (DMA_READ, DMA_WRITE, and FETCH of it as the
 #: streamed operand) are hatched. A tensor is named by its base name, the part before any ``[rows]``

@@ -289,6 +289,29 @@ def softmax_merge_recipe(p_dtype: str) -> str:
     return names[p_dtype]
 
 
+# The second stateful recipe (DESIGN.md §16): merge a partial softmax state (m_b, l_b, O_b) of another chunk
+# of the keys into the running (m, l, O), the log-sum-exp merge softmax_merge does for a score tile, done for
+# states. O_b is unnormalised (divided by nothing yet), as gqa_decode_partial stores it.
+RECIPE_DESCRIPTORS["state_merge"] = RecipeDescriptor(
+    name="state_merge",
+    operands={"m_b": "R", "l_b": "R", "O_b": "R", "m": "RW", "l": "RW", "O": "RW"},
+    scratch=(ScratchSpec("m_new", "m", "m"), ScratchSpec("ca", "m", "m"), ScratchSpec("cb", "m", "m"),
+             ScratchSpec("lb", "l", "l"), ScratchSpec("Ob", "O", "O")),
+    engine_seq=(
+        EngineOp("MATH", "max_elem", ("m", "m_b"), "m_new"),
+        EngineOp("MATH", "exp_diff", ("m", "m_new"), "ca"),
+        EngineOp("MATH", "exp_diff", ("m_b", "m_new"), "cb"),
+        EngineOp("MATH", "mul_bcast", ("l_b", "cb"), "lb"),
+        EngineOp("MATH", "fma", ("l", "ca", "lb"), "l"),
+        EngineOp("MATH", "mul_bcast", ("O_b", "cb"), "Ob"),
+        EngineOp("MATH", "fma", ("O", "ca", "Ob"), "O"),
+        EngineOp("MATH", "copy", ("m_new",), "m"),
+    ),
+    doc="Merge of a partial softmax state (m_b, l_b, O_b) into the running (m, l, O): m_new = max(m, m_b), "
+        "l = l·exp(m - m_new) + l_b·exp(m_b - m_new), O likewise (fma broadcasting the (G, 1) factor per row).",
+)
+
+
 RECIPE_DESCRIPTORS["rmsnorm"] = RecipeDescriptor(
     name="rmsnorm",
     operands={"x": "R", "g": "R"},
