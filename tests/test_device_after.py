@@ -174,6 +174,8 @@ def test_data_mode_the_later_launch_sees_the_earlier_one_s_writes(sync):
     # listed with the reader on the lowest PE: PE order must not decide who runs first
     run = sim.run_device({0: [third], 1: [second], 2: [first]})
     assert np.array_equal(run.read(out), np.full((32, 64), 2.0, np.float32))
+    plain = sim.run_device({0: [third], 1: [second], 2: [first]}, reductions=False)
+    assert np.array_equal(plain.read(out), run.read(out)) and plain.to_csv() == run.to_csv()
     log = run.op_log
     assert log[log.pe == 0].start.min() >= log[log.pe == 1].end.max() + sync
 
