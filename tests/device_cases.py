@@ -98,9 +98,11 @@ class Case:
         return f"Case(seed={self.seed}, {self.overrides}, {'; '.join(self.notes)})"
 
 
-def random_device_case(seed: int, *, mode: str = "timing", max_pes: int = 4, long: bool = False, **extra) -> Case:
+def random_device_case(seed: int, *, mode: str = "timing", max_pes: int = 4, long: bool = False, home: bool = False,
+                       **extra) -> Case:
     """A seeded random device run (module docstring); ``long``: loops long enough for the steady state to
-    engage (too long for the cycle-stepped reference); ``extra``: topology keys over the drawn ones."""
+    engage (too long for the cycle-stepped reference); ``home``: every tensor of a PE on its home channel (as a
+    model step lays them out), not on a random one; ``extra``: topology keys over the drawn ones."""
     rng = random.Random(seed)
     pes = rng.randint(2, max_pes)
     chans = rng.choice([d for d in range(1, pes + 1) if pes % d == 0])
@@ -120,7 +122,7 @@ def random_device_case(seed: int, *, mode: str = "timing", max_pes: int = 4, lon
             continue  # a PE with nothing to run
         launches = []
         for i in range(rng.randint(1, 3)):
-            ch = lambda: rng.randrange(chans)  # noqa: E731
+            ch = (lambda: pe * chans // pes) if home else (lambda: rng.randrange(chans))  # noqa: E731
             name = f"p{pe}l{i}"
             family = rng.choice(["stream", "stream", "decode", "straight"])
             if family == "stream":

@@ -274,9 +274,9 @@ def fan_in_merge(tl, parts, dst):
 
 def test_a_split_like_plan_replicates_goes_steady_and_equals_the_plain_run():
     """Two heads, each split over four PEs (a long decode per PE), merged on the head's last PE after the other
-    three: the after edges and the merge's reads of other channels make each head one group; the two groups
-    are alike (one simulated, one replicated), the decode loops go steady, and every stage equals the plain
-    simulation's."""
+    three: the run goes in two phases (the decodes wait for nothing; the merges wait and read the other
+    channels), the eight decodes are alike (one simulated, seven replicated) and go steady, the two merges are
+    alike (one simulated), and every stage equals the plain simulation's."""
     from kbwork.kernels.gqa_decode import gqa_decode
 
     sim = kbwork.Simulator("ahbm-device-v1", mode="timing", pes=8, hbm_channels=8)
@@ -297,7 +297,9 @@ def test_a_split_like_plan_replicates_goes_steady_and_equals_the_plain_run():
     run = sim.run_device(plan)
     plain = sim.run_device(plan, reductions=False, steady_state=False)
     assert run.to_csv() == plain.to_csv()
-    assert (run.reductions.groups, run.reductions.simulated) == (2, 1)
+    assert run.reductions.cut == {pe: (1, 1 if pe in (3, 7) else 0) for pe in range(8)}
+    assert (run.reductions.groups, run.reductions.simulated) == (8 + 2, 1 + 1)
+    assert "in two phases: 8 launches" in str(run.reductions)
     assert run.steady_state.path == "steady"
     # the merge's first DISPATCH: ready when PE 3's own decode has ended and 100 cycles after PEs 0-2's ends
     n_decode = int((rows(run, 0).stage == "DISPATCH").sum())  # the decode's commands (the same on every PE)

@@ -46,6 +46,8 @@ class Reductions:
     simulated: int = 1              # groups actually simulated; the others replicated from an equal one
     contended_channels: tuple[int, ...] = ()
     replicated_from: dict[int, int] = field(default_factory=dict)  # PE -> the PE whose records it took
+    #: a run in two phases (:mod:`.cut`): PE -> its launches before the cut and after it (empty: not cut)
+    cut: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     def __str__(self) -> str:
         parts = [f"{self.pes} PE{'s' if self.pes != 1 else ''}"]
@@ -54,6 +56,10 @@ class Reductions:
             if self.simulated < self.groups:
                 parts.append(f"{self.simulated} simulated, {self.groups - self.simulated} replicated from an "
                              f"identical one")
+        if self.cut:
+            before, later = (sum(x[i] for x in self.cut.values()) for i in (0, 1))
+            parts.append(f"in two phases: {before} launches that wait for no other PE's simulated before the "
+                         f"{later} that do or follow one")
         parts.append(f"contended channels: {', '.join(map(str, self.contended_channels)) or 'none'}")
         return "; ".join(parts)
 
@@ -609,13 +615,52 @@ def simulate_device(programs: dict[int, list[Program]], topo, tensors: Sequence[
         ValidationError: a PE writes bytes another PE reads or writes, and neither launch happens before the
             other.
     """
-    from .steady import simulate_group, simulate_pe
-
     after = after if after and any(ds for rows in after.values() for ds in rows) else None
     launch_uses = {pe: [uses_of([p]) for p in programs[pe]] for pe in programs}
     uses = {pe: merged(launch_uses[pe]) for pe in programs}
     if len(programs) > 1:  # isolation is between PEs: one PE's launches may share its bytes
         check_isolation(programs, tensors, uses, after, launch_uses)
+    if after is not None and memories is None and reduce:
+        from .cut import cut_points, worth_cutting
+
+        n = cut_points(programs, launch_uses, after)
+        if worth_cutting(programs, n):
+            return _in_two_phases(programs, topo, n, launch_uses, after, steady_state, why_full)
+    return _simulate(programs, topo, uses, memories, steady_state, why_full, reduce, after)
+
+
+def _in_two_phases(programs: dict[int, list[Program]], topo, n: dict[int, int], launch_uses: dict[int, list[Uses]],
+                   after: Deps, steady_state: bool, why_full: str) -> tuple[dict[int, tuple], Reductions]:
+    """A timing run at the cut ``n`` (:mod:`.cut`): the first phases as a device run of their own, then the
+    second phases from where each PE's first ended; each PE's records joined."""
+    from .cut import second_phase
+    from .join import join
+
+    head = {p: programs[p][:n[p]] for p in sorted(programs) if n[p]}
+    out1, red1 = _simulate(head, topo, {p: merged(launch_uses[p][:n[p]]) for p in head}, None, steady_state,
+                           why_full, True, None)
+    rest, deps, begins, gates, offsets = second_phase(programs, n, out1, after, topo.sync_cycles)
+    out2, red2 = _simulate(rest, topo, {p: merged(launch_uses[p][n[p]:]) for p in rest}, None, steady_state,
+                           why_full, True, deps if any(ds for rows in deps.values() for ds in rows) else None,
+                           begins=begins, gates=gates, offsets=offsets)
+    out = {}
+    for p in sorted(programs):
+        out[p] = join(out1[p], out2[p]) if p in out1 and p in out2 else out1[p] if p in out1 else out2[p]
+    red = Reductions(pes=len(programs), groups=red1.groups + red2.groups, simulated=red1.simulated + red2.simulated,
+                     contended_channels=tuple(sorted(set(red1.contended_channels) | set(red2.contended_channels))),
+                     replicated_from=dict(red1.replicated_from), cut={p: (n[p], len(programs[p]) - n[p]) for p in sorted(programs)})
+    return out, red
+
+
+def _simulate(programs: dict[int, list[Program]], topo, uses: dict[int, Uses], memories: dict[int, list[Any]] | None,
+              steady_state: bool, why_full: str, reduce: bool, after: Deps | None, *,
+              begins: dict[int, int] | None = None, gates: dict[int, list[int]] | None = None,
+              offsets: dict[int, int] | None = None) -> tuple[dict[int, tuple], Reductions]:
+    """:func:`simulate_device` past the isolation check (and the cut): groups, replicas, each group's loop.
+    ``begins``, ``gates``, ``offsets``: the second phase of a cut (:func:`kbwork.device.cut.second_phase`); a
+    group of it is replicated only from one that goes on from the same cycles."""
+    from .steady import simulate_group, simulate_pe
+
     shared = contended_channels(programs, topo, uses)
     grouped = groups(programs, shared, uses, after)
     if not reduce:
@@ -629,6 +674,8 @@ def simulate_device(programs: dict[int, list[Program]], topo, tensors: Sequence[
     keyed = memories is None and reduce and len(grouped) > 1
     for group in grouped:
         key, chans = group_key(group, programs, shared, after) if keyed else (None, ())
+        if key is not None and begins is not None:  # a second phase: alike only if it goes on from the same cycles
+            key = (key, tuple((begins[pe], tuple(gates[pe]), offsets[pe]) for pe in group))
         hit = seen.get(key) if key is not None else None
         if hit is not None:  # an identical group: its records are the earlier one's
             src_group, src_chans = hit
@@ -642,16 +689,21 @@ def simulate_device(programs: dict[int, list[Program]], topo, tensors: Sequence[
         red.simulated += 1
         mine = {c: k for c, k in shared.items() if any(c in uses[pe].channels for pe in group)}
         deps = local(after, group) if after else [()] * len(group)
+        go_on = {} if begins is None else {
+            "begins": [begins[pe] for pe in group], "outer_after": [gates[pe] for pe in group],
+            "cmd_offsets": [offsets[pe] for pe in group]}
         if len(group) == 1 and not mine:  # alone on its channels: every transfer's duration is known when it starts
             pe = group[0]
+            one = {} if begins is None else {"begin": begins[pe], "outer_after": gates[pe],
+                                             "cmd_offset": offsets[pe]}
             out[pe] = simulate_pe(programs[pe], None if memories is None else memories[pe],
                                   steady_state=steady_state, why_full=why_full, after=deps[0],
-                                  sync=topo.sync_cycles)
+                                  sync=topo.sync_cycles, **one)
         else:
             results = simulate_group([programs[pe] for pe in group],
                                      None if memories is None else [memories[pe] for pe in group],
                                      flow_channels(mine, topo), steady_state=steady_state, why_full=why_full,
-                                     after=deps, sync=topo.sync_cycles)
+                                     after=deps, sync=topo.sync_cycles, **go_on)
             out.update(zip(group, results))
         if key is not None:
             seen[key] = (group, chans)

@@ -146,6 +146,12 @@ class PeState:
     opened: int = 0              # the latest launch whose first DISPATCH may start (its dependencies ended)
     launch_end: list[int] = field(default_factory=list)     # each ended launch's end, in the device's real clock
     wake_at: int = -1            # a wake-up pushed for the gate of the running launch
+    #: a PE whose earlier launches ran in another event loop (:mod:`.cut`): the cycle they ended, which its first
+    #: launch waits for as it would for a previous launch, in the device's real clock (0: none)
+    begin: int = 0
+    #: per launch, the latest end + ``sync`` of the launches it is after that ran in another event loop, in the
+    #: real clock (-1: none); empty when no launch has one
+    outer_after: list = field(default_factory=list)
     #: launches whose gate an ``after`` dependency set: (first command, the cycle it opened, in this PE's
     #: simulated clock), for the front end's ``d_after``
     after_at: list[tuple[int, int]] = field(default_factory=list)
@@ -217,16 +223,21 @@ class DeviceState:
 
 
 def new_pe(program: Program | Schedule, *, launches: Sequence[Program] = (), memories: Sequence[Any] = (),
-           pe: int = 0, after: Sequence[tuple] = ()) -> PeState:
+           pe: int = 0, after: Sequence[tuple] = (), begin: int = 0, outer_after: Sequence[int] = (),
+           cmd_offset: int = 0) -> PeState:
     """A PE ready to run ``program`` from cycle 0 (a :class:`Program` is lowered as it runs), and then ``launches``
     after it, back to back; ``memories`` (data mode) are each launch's :class:`LaunchMemory`; ``after`` each
-    launch's dependencies, ``(device-local PE, launch index)`` pairs (DESIGN.md §16)."""
+    launch's dependencies, ``(device-local PE, launch index)`` pairs (DESIGN.md §16).
+
+    A PE that goes on from launches simulated in another event loop (:mod:`.cut`) gets ``begin``, the cycle they
+    ended (its first launch waits for it as for a previous launch), ``outer_after``, per launch the latest end +
+    ``sync_cycles`` of its dependencies simulated there (-1: none), and ``cmd_offset``, their commands."""
     if isinstance(program, Schedule):
         cursor: Any = Lowered(program)
         table, ctab, topo = program.table, program.ctab, program.topo
     else:
         table, ctab = StageTable(program.with_effects), CommandTable()
-        cursor = program.cursor(table, ctab)
+        cursor = program.cursor(table, ctab, cmd_offset=cmd_offset) if cmd_offset else program.cursor(table, ctab)
         topo = program.topo
     engines = engine_table(topo)
     if engines[0].capacity != 1 or engines[1].capacity != 1:
@@ -239,7 +250,10 @@ def new_pe(program: Program | Schedule, *, launches: Sequence[Program] = (), mem
     state.launches = [program, *launches]
     state.memories = list(memories)
     state.after = [tuple(a) for a in after]
-    state.opened = -1 if state.after and state.after[0] else 0
+    state.begin = begin
+    state.outer_after = [int(g) for g in outer_after] if any(g >= 0 for g in outer_after) else []
+    first_gated = (state.after and state.after[0]) or (state.outer_after and state.outer_after[0] >= 0)
+    state.opened = -1 if first_gated or begin > 0 else 0
     if state.memories:
         state.apply = DataExecutor(state.memories[0]).apply
     return state
@@ -336,13 +350,19 @@ def _open(dev: DeviceState, pe: PeState, t: int) -> bool:
                 w.append(pe.pe)
             return False
         gate = max(gate, ends[j] + dev.sync)
+    outer = pe.outer_after[pe.launch] if pe.outer_after else -1
+    if outer > gate:  # dependencies that ran in another event loop: their latest end + sync
+        gate = outer
     gate -= dev.shift  # in the simulated clock
-    if gate > t:
-        if pe.wake_at != gate:
-            pe.wake_at = gate
-            heappush(dev.events, (gate, (pe.pe << PE_SHIFT) | WAKE))
+    at = gate
+    if pe.launch == 0 and pe.begin - dev.shift > at:  # its earlier launches, run in another loop, end then
+        at = pe.begin - dev.shift
+    if at > t:
+        if pe.wake_at != at:
+            pe.wake_at = at
+            heappush(dev.events, (at, (pe.pe << PE_SHIFT) | WAKE))
         return False
-    if deps:
+    if deps or outer >= 0:
         pe.after_at.append((pe.n_lowered, gate))
     pe.opened = pe.launch
     pe.wake_at = -1

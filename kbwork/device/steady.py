@@ -404,18 +404,21 @@ def simulate_program(prog: Program, memory=None, *, steady_state: bool = True,
 
 def simulate_pe(progs: Sequence[Program], memories: Sequence[Any] | None = None, *, steady_state: bool = True,
                 why_full: str = "steady_state=False", after: Sequence[tuple] = (),
-                sync: int = 0) -> tuple[Timeline, Schedule, SteadyState]:
+                sync: int = 0, begin: int = 0, outer_after: Sequence[int] = (),
+                cmd_offset: int = 0) -> tuple[Timeline, Schedule, SteadyState]:
     """Run the launches ``progs`` back to back on one PE alone (no channel it uses is contended): in data mode
     (``memories``: each launch's ``LaunchMemory``) every stage; in timing mode with the steady state unless
     ``steady_state`` is False. ``after``: each launch's dependencies on the PE's own launches, ``(0, index)``
-    pairs, ``sync`` their signal latency (DESIGN.md §16).
+    pairs, ``sync`` their signal latency (DESIGN.md §16). ``begin``, ``outer_after``, ``cmd_offset``: a PE going
+    on from launches simulated in another loop (:func:`~kbwork.device.loop.new_pe`; :mod:`.cut`).
 
     Returns:
         The PE's timeline, its schedule (both in the real numbering: a steady run's are the simulated records
         with the inserted periods repeated, built on first use) and how it ran.
     """
     prog = progs[0]
-    pe = new_pe(prog, launches=progs[1:], memories=memories or (), after=after)
+    pe = new_pe(prog, launches=progs[1:], memories=memories or (), after=after, begin=begin, outer_after=outer_after,
+                cmd_offset=cmd_offset)
     if after and sync:
         from .loop import device as make_device
 
@@ -669,12 +672,14 @@ class GroupSteady:
 
 def simulate_group(progs: Sequence[Sequence[Program]], memories: Sequence[Sequence[Any]] | None,
                    channels: dict, *, steady_state: bool = True, why_full: str = "steady_state=False",
-                   after: Sequence[Sequence[tuple]] = (), sync: int = 0
+                   after: Sequence[Sequence[tuple]] = (), sync: int = 0, begins: Sequence[int] = (),
+                   outer_after: Sequence[Sequence[int]] = (), cmd_offsets: Sequence[int] = ()
                    ) -> list[tuple[Timeline, Schedule, SteadyState]]:
     """Run several PEs that share contended channels in one event loop: PE ``i`` runs the launches ``progs[i]``;
     in timing mode with the device steady state (:class:`GroupSteady`) unless ``steady_state`` is False.
     ``after[i]``: PE ``i``'s launches' dependencies, ``(place in the group, launch index)`` pairs, ``sync`` their
-    signal latency (DESIGN.md §16).
+    signal latency (DESIGN.md §16). ``begins[i]``, ``outer_after[i]``, ``cmd_offsets[i]``: PE ``i`` going on from
+    launches simulated in another loop (:func:`~kbwork.device.loop.new_pe`; :mod:`.cut`).
 
     Returns:
         Per PE, as :func:`simulate_pe` does.
@@ -682,7 +687,9 @@ def simulate_group(progs: Sequence[Sequence[Program]], memories: Sequence[Sequen
     from .loop import device as make_device
 
     pes = [new_pe(ps[0], launches=ps[1:], memories=() if memories is None else memories[i],
-                  after=after[i] if after else ()) for i, ps in enumerate(progs)]
+                  after=after[i] if after else (), begin=begins[i] if begins else 0,
+                  outer_after=outer_after[i] if outer_after else (), cmd_offset=cmd_offsets[i] if cmd_offsets else 0)
+           for i, ps in enumerate(progs)]
     dev = make_device(pes, channels, sync)
     if memories is not None:
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):

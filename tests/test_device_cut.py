@@ -1,0 +1,140 @@
+"""A device run in two phases at a cut (kbwork.device.cut, DESIGN.md §14, §16): every PE's launches that wait for
+nothing simulated apart, the rest together from where each PE's first phase ended. An exact reduction: every
+stage, every critical-path link, equal to the plain simulation (one event loop, no reductions, no steady state).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import kbwork
+from kbwork import Launch
+from kbwork.device.cut import cut_points
+from kbwork.device.device import uses_of
+from kbwork.device.order import resolve_after
+from kbwork.memory import Handle
+
+from device_cases import random_device_case, stream_kernel, straight_kernel  # tests/ is on sys.path
+
+
+def _written(launch: Launch) -> Handle:
+    """The tensor a launch of the random cases writes (its last tensor argument)."""
+    return [a for a in launch.args if isinstance(a, Handle)][-1]
+
+
+def merged_case(seed: int):
+    """A random device case (``device_cases``; three in four with every PE's tensors on its home channel) where some PEs, in a random order, end with a launch that waits for
+    launches of PEs before them in that order and reads what those wrote (rows of it, on their channels); some
+    then go on with a stream of their own (what a PE adds on its home channel when the case's tensors are)."""
+    rng = random.Random(seed * 31 + 7)
+    home = seed % 4 != 0
+    case = random_device_case(seed, long=seed % 3 != 0, max_pes=5, home=home, sync_cycles=rng.choice([0, 3, 100]))
+    sim = case.sim
+    nch = sim.topo.hbm_channels
+    where = (lambda p: sim.topo.home_channel(p)) if home else (lambda p: rng.randrange(nch))  # noqa: E731
+    pes = sorted(p for p, v in case.plan.items() if v)
+    order = pes[:]
+    rng.shuffle(order)
+    for k, p in enumerate(order):
+        earlier = [(q, j) for q in order[:k] for j in range(len(case.plan[q]))]
+        if not earlier or rng.random() < 0.25:
+            continue
+        picks = rng.sample(earlier, min(len(earlier), rng.randint(1, 3)))
+        # the last launch of a PE most often, as a split-KV merge waits for chunks; sometimes an earlier one
+        picks = [(q, len(case.plan[q]) - 1) if rng.random() < 0.7 else (q, j) for q, j in picks]
+        picks = sorted(set(picks))
+        parts = [_written(case.plan[q][j]) for q, j in picks]
+        parts = [h[0:min(8, h.shape[0])] for h in parts]
+        out = sim.hbm(f"merge{p}", shape=(8, 64), dtype="fp32", channel=where(p))
+        steps = [("load", x) for x in range(len(parts))] + [("store", 0)]
+        case.plan[p].append(Launch(straight_kernel, parts, out, steps=steps,
+                                   after=tuple(case.plan[q][j] for q, j in picks)))
+        case.notes.append(f"PE {p}: merge after {picks}")
+        if rng.random() < 0.4:
+            n, tile = rng.randint(20, 40), 16
+            src = sim.hbm(f"tail{p}_src", shape=(n * tile, 32), dtype="fp32", channel=where(p))
+            dst = sim.hbm(f"tail{p}_dst", shape=(n * tile, 32), dtype="fp32", channel=where(p))
+            case.plan[p].append(Launch(stream_kernel, src, dst, tile=tile, op="copy"))
+            case.notes.append(f"PE {p}: a stream after its merge")
+    return case
+
+
+@pytest.mark.parametrize("chunk", range(4))
+def test_a_run_in_two_phases_equals_the_plain_simulation(chunk):
+    cut = 0
+    for seed in range(700 + 10 * chunk, 710 + 10 * chunk):
+        case = merged_case(seed)
+        plain = case.sim.run_device(case.plan, reductions=False, steady_state=False)
+        reduced = case.sim.run_device(case.plan)
+        assert reduced.to_csv() == plain.to_csv(), case
+        assert reduced.critical_path()[["seq", "pe", "cause"]].equals(
+            plain.critical_path()[["seq", "pe", "cause"]]), case
+        assert reduced.cycles == plain.cycles
+        cut += bool(reduced.reductions.cut)
+    assert cut >= 4  # the cut is taken in most of these runs (each has launches waiting on others)
+
+
+def _plan_deps(case):
+    deps = resolve_after(case.plan)
+    progs = {p: case.sim._programs(case.plan)[0][p] for p in case.plan}
+    uses = {p: [uses_of([x]) for x in progs[p]] for p in progs}
+    return progs, uses, deps
+
+
+@pytest.mark.parametrize("seed", range(700, 712))
+def test_the_cut_keeps_every_transfer_of_the_first_phase_apart_from_the_second(seed):
+    """The cut's two rules, checked on its result: a first-phase launch sharing a channel with another PE's
+    second-phase launch happens before it; a second-phase launch after a first-phase one is after the last of
+    that PE's first phase; and no PE's first phase goes past its first launch with a dependency."""
+    from kbwork.device.order import Order
+
+    case = merged_case(seed)
+    progs, uses, deps = _plan_deps(case)
+    n = cut_points(progs, uses, deps)
+    order = Order(deps)
+    for p in progs:
+        first_dep = next((i for i, ds in enumerate(deps[p]) if ds), len(progs[p]))
+        assert 0 <= n[p] <= first_dep
+        for i in range(n[p]):
+            for q in progs:
+                for j in range(n[q], len(progs[q])):
+                    if q != p and uses[p][i].channels & uses[q][j].channels:
+                        assert order.before((p, i), (q, j)), (case, p, i, q, j)
+        for i in range(n[p], len(progs[p])):
+            for q, j in deps[p][i]:
+                assert j >= n[q] or j == n[q] - 1, (case, p, i, q, j)
+
+
+def test_a_split_layer_goes_in_two_phases_and_equals_the_plain_simulation():
+    """A split-KV layer of a step (DESIGN.md §16) on a small device: its tasks and chunks are the first phase,
+    the merges the second, and every stage equals the plain run's."""
+    from kbwork import model
+
+    dev = model.load_device(pes=8, hbm_channels=8)
+    tasks = model.assign_tasks([768, 384, 2048], kv_heads=2, pes=dev.pes, tile=128, mapping="split")
+    plan = model.attention_plan(tasks, dev, "opt2", 128, group=4, head_dim=128)
+    run = plan.run()
+    plain = plan.run(steady_state=False, reductions=False)
+    assert run.to_csv() == plain.to_csv()
+    red = run.reductions
+    assert red.cut and all(after == (1 if pe in {p for p, _ in plan.merges.values()} else 0) * after
+                           for pe, (_, after) in red.cut.items())
+    assert sum(after for _, after in red.cut.values()) == len(plan.merges)
+
+
+def test_a_first_phase_launch_sharing_a_channel_unordered_moves_the_cut_before_it():
+    """PE 1's second launch waits for its first and reads PE 0's channel, while nothing orders it with PE 0's
+    stream there: PE 0's stream may share cycles with it, so PE 0 has no first phase; PE 1's first launch has."""
+    sim = kbwork.Simulator(mode="timing", pes=2, hbm_channels=2, sync_cycles=5, channel_bytes_per_cycle=40)
+    a0, b0 = (sim.hbm(n, shape=(640, 32), dtype="fp32", channel=0) for n in ("a0", "b0"))
+    a1, b1 = (sim.hbm(n, shape=(64, 32), dtype="fp32", channel=1) for n in ("a1", "b1"))
+    z = Launch(stream_kernel, a1, b1, tile=16, op="copy")
+    plan = {0: [Launch(stream_kernel, a0, b0, tile=16, op="copy"), Launch(stream_kernel, a0[0:64], b0[0:64],
+                                                                          tile=16, op="copy")],
+            1: [z, Launch(straight_kernel, [a0[0:8]], sim.hbm("m", shape=(8, 32), dtype="fp32", channel=1),
+                          steps=[("load", 0), ("math", 0)], after=(z,))]}
+    run = sim.run_device(plan)
+    assert run.reductions.cut == {0: (0, 2), 1: (1, 1)}
+    assert run.to_csv() == sim.run_device(plan, reductions=False, steady_state=False).to_csv()
