@@ -645,11 +645,43 @@ def _in_two_phases(programs: dict[int, list[Program]], topo, n: dict[int, int], 
                            begins=begins, gates=gates, offsets=offsets)
     out = {}
     for p in sorted(programs):
-        out[p] = join(out1[p], out2[p]) if p in out1 and p in out2 else out1[p] if p in out1 else out2[p]
+        out[p] = join([out1[p], out2[p]]) if p in out1 and p in out2 else out1[p] if p in out1 else out2[p]
     red = Reductions(pes=len(programs), groups=red1.groups + red2.groups, simulated=red1.simulated + red2.simulated,
                      contended_channels=tuple(sorted(set(red1.contended_channels) | set(red2.contended_channels))),
                      replicated_from=dict(red1.replicated_from), cut={p: (n[p], len(programs[p]) - n[p]) for p in sorted(programs)})
     return out, red
+
+
+def simulate_alone(progs: Sequence[Program], launches: dict[tuple, tuple], *, steady_state: bool = True,
+                   why_full: str = "steady_state=False") -> tuple:
+    """A PE alone on its channels, its launches waiting for nothing but one another, simulated launch by launch:
+    each as if alone from cycle 0 and moved to where the previous one ended, a launch equal to one simulated
+    before (:func:`group_key` of it alone) replicated from it (``launches``: key -> ``(program, records,
+    channels)``, filled here). Exact: a launch of such a PE starts on an idle PE whose channels no one else
+    moves bytes on, so what it does does not depend on when it starts.
+
+    Returns:
+        ``(timeline, schedule, steady state)``, the launches' records joined (:func:`kbwork.device.join.join`).
+    """
+    from .join import join
+    from .steady import simulate_pe
+
+    parts, shifts, t = [], [], 0
+    for prog in progs:
+        key, chans = group_key([0], {0: [prog]}, {}, None)
+        hit = launches.get(key) if key is not None else None
+        if hit is None:
+            res = simulate_pe([prog], None, steady_state=steady_state, why_full=why_full)
+            if key is not None:
+                launches[key] = (prog, res, chans)
+        else:
+            src, (tl, sched, state), src_chans = hit
+            names = functools.partial(binding_names, [src], [prog])
+            res = (tl, Replica(sched, prog.trace.commands, names, dict(zip(src_chans, chans))), state)
+        parts.append(res)
+        shifts.append(t)
+        t += res[0].cycles
+    return join(parts, shifts)
 
 
 def _simulate(programs: dict[int, list[Program]], topo, uses: dict[int, Uses], memories: dict[int, list[Any]] | None,
@@ -669,6 +701,7 @@ def _simulate(programs: dict[int, list[Program]], topo, uses: dict[int, Uses], m
         grouped = [sorted(programs)]
     red = Reductions(pes=len(programs), groups=len(grouped), simulated=0, contended_channels=tuple(shared))
     out: dict[int, tuple] = {}
+    launches: dict[tuple, tuple] = {}  # simulate_alone's launches by key
     seen: dict[tuple, tuple[list[int], tuple[int, ...]]] = {}
     # replication needs a second group to replicate to; data mode computes every PE's numbers
     keyed = memories is None and reduce and len(grouped) > 1
@@ -694,11 +727,14 @@ def _simulate(programs: dict[int, list[Program]], topo, uses: dict[int, Uses], m
             "cmd_offsets": [offsets[pe] for pe in group]}
         if len(group) == 1 and not mine:  # alone on its channels: every transfer's duration is known when it starts
             pe = group[0]
-            one = {} if begins is None else {"begin": begins[pe], "outer_after": gates[pe],
-                                             "cmd_offset": offsets[pe]}
-            out[pe] = simulate_pe(programs[pe], None if memories is None else memories[pe],
-                                  steady_state=steady_state, why_full=why_full, after=deps[0],
-                                  sync=topo.sync_cycles, **one)
+            if memories is None and begins is None and len(programs[pe]) > 1 and not any(deps[0]):
+                out[pe] = simulate_alone(programs[pe], launches, steady_state=steady_state, why_full=why_full)
+            else:
+                one = {} if begins is None else {"begin": begins[pe], "outer_after": gates[pe],
+                                                 "cmd_offset": offsets[pe]}
+                out[pe] = simulate_pe(programs[pe], None if memories is None else memories[pe],
+                                      steady_state=steady_state, why_full=why_full, after=deps[0],
+                                      sync=topo.sync_cycles, **one)
         else:
             results = simulate_group([programs[pe] for pe in group],
                                      None if memories is None else [memories[pe] for pe in group],

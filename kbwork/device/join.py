@@ -1,18 +1,21 @@
-"""One PE's records from two event loops, joined into the records of one run (the cut, :mod:`.cut`).
+"""One PE's records from several event loops, joined into the records of one run.
 
-A PE whose launches were simulated in two phases — its launches before the cut in one event loop, the rest in
-another that started them at the cycle the first phase ended — has two schedules and two timelines, each
-numbered from 0. Joined, the second phase's seqs, command positions and the commands its records name move
-past the first phase's; cycles are the device's in both already. What the two loops could not see of each
-other, the DISPATCH and PLAN constraints that look back across the join (the previous DISPATCH's and PLAN's
-starts, the queue slots, a strict-FIFO hold), is computed again from the joined arrays, as
-:func:`~kbwork.device.records.front_end` computes it for any run; the first command after the join waits for
-the first phase's end as a launch waits for the previous one (``d_launch``). Every column is built on first
-use: a step that reads only cycles builds none.
+Two reductions simulate a PE's launches in parts: the cut (:mod:`.cut`: its launches before the cut in one
+event loop, the rest in another that started them where the first ended) and launch by launch
+(:func:`kbwork.device.device.simulate_alone`: a PE alone on its channels runs each launch as if alone from cycle
+0, the same launch elsewhere replicated, and moves it to where the previous one ended). Each part is numbered
+from 0 and may run ``shift`` cycles early. Joined, a later part's seqs, command positions and the commands its
+records name move past the earlier parts', its cycles by its shift. What the parts could not see of each other,
+the DISPATCH and PLAN constraints that look back across a join (the previous DISPATCH's and PLAN's starts, the
+queue slots, a strict-FIFO hold), is computed again from the joined arrays, as
+:func:`~kbwork.device.records.front_end` computes it for any run; the first command of a part waits for the
+previous part's end as a launch waits for the previous one (``d_launch``). Every column is built on first use:
+a step that reads only cycles builds none.
 """
 
 from __future__ import annotations
 
+import bisect
 from functools import cached_property
 from typing import Any, Sequence
 
@@ -36,21 +39,23 @@ def _cat(values: Any) -> pd.Categorical:
 
 
 class JoinedTable:
-    """The stage table of a joined run: the first phase's stages, then the second's (its ``cmd`` and ``preds``
-    moved past the first's commands and stages)."""
+    """The stage table of a joined run: the parts' stages one after another (``cmd`` and ``preds`` moved past the
+    earlier parts' commands and stages)."""
 
-    def __init__(self, a: Any, b: Any, ns: int, nc: int):
-        self._a, self._b, self._ns, self._nc = a, b, ns, nc
+    def __init__(self, tables: Sequence[Any], ns: Sequence[int], nc: Sequence[int]):
+        self._t, self._ns, self._nc = list(tables), list(ns), list(nc)  # offsets: len(tables) + 1 each
 
     def __len__(self) -> int:
-        return self._ns + len(self._b)
+        return self._ns[-1]
 
     def __repr__(self) -> str:
-        return f"JoinedTable({len(self)} stages: {self._ns} before the cut)"
+        return f"JoinedTable({len(self)} stages in {len(self._t)} parts)"
 
-    def _col(self, name: str, dtype: Any = np.int64, shift: int = 0) -> np.ndarray:
-        b = np.asarray(getattr(self._b, name), dtype)
-        return np.concatenate([np.asarray(getattr(self._a, name), dtype), b + shift if shift else b])
+    def _col(self, name: str, dtype: Any = np.int64, shift: Sequence[int] | None = None) -> np.ndarray:
+        cols = [np.asarray(getattr(t, name), dtype) for t in self._t]
+        if shift is not None:
+            cols = [c + d if d else c for c, d in zip(cols, shift)]
+        return np.concatenate(cols) if cols else np.zeros(0, dtype)
 
     kind = cached_property(lambda self: self._col("kind", np.int8))
     engine = cached_property(lambda self: self._col("engine", np.int8))
@@ -64,34 +69,38 @@ class JoinedTable:
 
     @cached_property
     def op_kind(self) -> pd.Categorical:
-        return union_categoricals([_cat(self._a.op_kind), _cat(self._b.op_kind)], sort_categories=True)
+        return union_categoricals([_cat(t.op_kind) for t in self._t], sort_categories=True)
 
     @cached_property
     def tensor(self) -> pd.Categorical:
-        return union_categoricals([_cat(self._a.tensor), _cat(self._b.tensor)], sort_categories=True)
+        return union_categoricals([_cat(t.tensor) for t in self._t], sort_categories=True)
 
     @property
     def preds(self) -> "_JoinedPreds":
-        return _JoinedPreds(self._a.preds, self._b.preds, self._ns)
+        return _JoinedPreds([t.preds for t in self._t], self._ns)
 
     def column(self, name: str) -> Any:
         return getattr(self, name)
 
+    def _part(self, s: int) -> int:
+        return bisect.bisect_right(self._ns, s) - 1
+
     def describe(self, s: int) -> str:
-        if s < self._ns:
-            return self._a.describe(s)
-        text = self._b.describe(s - self._ns)
-        return f"seq {s} (after the cut, {s - self._ns} there): " + text.split(": ", 1)[1]
+        k = self._part(s)
+        if not k:
+            return self._t[0].describe(s)
+        q = s - self._ns[k]
+        return f"seq {s} (part {k}, {q} there): " + self._t[k].describe(q).split(": ", 1)[1]
 
 
 class _JoinedPreds(Sequence):
     """Every stage's static dependencies in the joined numbering (made on access)."""
 
-    def __init__(self, a: Sequence, b: Sequence, ns: int):
-        self._a, self._b, self._ns = a, b, ns
+    def __init__(self, parts: Sequence[Sequence], ns: Sequence[int]):
+        self._p, self._ns = parts, ns
 
     def __len__(self) -> int:
-        return self._ns + len(self._b)
+        return self._ns[-1]
 
     def __getitem__(self, s: Any) -> Any:
         if isinstance(s, slice):
@@ -100,35 +109,44 @@ class _JoinedPreds(Sequence):
             s += len(self)
         if not 0 <= s < len(self):
             raise IndexError(f"stage {s} out of range ({len(self)} stages)")
-        if s < self._ns:
-            return self._a[s]
-        return tuple(p + self._ns for p in self._b[s - self._ns])
+        k = bisect.bisect_right(self._ns, s) - 1
+        off = self._ns[k]
+        return tuple(p + off for p in self._p[k][s - off]) if off else self._p[k][s]
 
 
 class JoinedSchedule:
-    """The schedule of a PE simulated in two phases (a ``ScheduleView``): the first phase's commands and stages,
-    then the second's, in one numbering."""
+    """The schedule of a PE simulated in parts (a ``ScheduleView``): the parts' commands and stages one after
+    another, in one numbering."""
 
-    def __init__(self, a: Any, b: Any):
-        self._a, self._b = a, b
-        self._ns, self._nc = a.n_stages, a.n_commands
-        self.topo, self.loops, self.reach = a.topo, tuple(a.loops) + tuple(b.loops), max(a.reach, b.reach)
-        self.commands = _Concat([a.commands, b.commands])
-        self.table = JoinedTable(a.table, b.table, self._ns, self._nc)
+    def __init__(self, parts: Sequence[Any]):
+        self._s = list(parts)
+        self._ns = [0]
+        self._nc = [0]
+        for x in self._s:
+            self._ns.append(self._ns[-1] + x.n_stages)
+            self._nc.append(self._nc[-1] + x.n_commands)
+        a = self._s[0]
+        self.topo, self.loops = a.topo, tuple(lp for x in self._s for lp in x.loops)
+        self.reach = max(x.reach for x in self._s)
+        self.commands = _Concat([x.commands for x in self._s])
+        self.table = JoinedTable([x.table for x in self._s], self._ns, self._nc)
 
     def __repr__(self) -> str:
-        return f"Schedule({self.n_commands} commands, {self.n_stages} stages, {self.topo.name}; in two phases)"
+        return f"Schedule({self.n_commands} commands, {self.n_stages} stages, {self.topo.name}; in {len(self._s)} parts)"
 
     @property
     def n_commands(self) -> int:
-        return self._nc + self._b.n_commands
+        return self._nc[-1]
 
     @property
     def n_stages(self) -> int:
-        return self._ns + self._b.n_stages
+        return self._ns[-1]
 
-    def _cmd_col(self, name: str, shift: int = 0) -> np.ndarray:
-        return np.concatenate([_ints(getattr(self._a, name)), _ints(getattr(self._b, name)) + shift])
+    def _cmd_col(self, name: str, shift: Sequence[int] | None = None) -> np.ndarray:
+        cols = [_ints(getattr(x, name)) for x in self._s]
+        if shift is not None:
+            cols = [c + d for c, d in zip(cols, shift)]
+        return np.concatenate(cols)
 
     dispatch_seq = cached_property(lambda self: self._cmd_col("dispatch_seq", self._ns))
     plan_end = cached_property(lambda self: self._cmd_col("plan_end", self._ns))
@@ -145,82 +163,101 @@ class JoinedSchedule:
 
     @cached_property
     def labels(self) -> list[str]:
-        return list(self._a.labels) + list(self._b.labels)
+        return [lab for x in self._s for lab in x.labels]
 
     @cached_property
     def waits(self) -> list[tuple[int, ...]]:
-        nc = self._nc
-        return list(self._a.waits) + [tuple(w + nc for w in ws) if ws else () for ws in self._b.waits]
+        out: list[tuple[int, ...]] = []
+        for x, nc in zip(self._s, self._nc):
+            out += [tuple(w + nc for w in ws) if ws and nc else tuple(ws) for ws in x.waits]
+        return out
 
     @cached_property
     def reads(self) -> list[tuple]:
-        return list(self._a.reads) + list(self._b.reads)
+        return [r for x in self._s for r in x.reads]
 
     @cached_property
     def writes(self) -> list[tuple]:
-        return list(self._a.writes) + list(self._b.writes)
+        return [w for x in self._s for w in x.writes]
 
     def edge_reach(self) -> int:
-        return max(self._a.edge_reach(), self._b.edge_reach())
+        return max(x.edge_reach() for x in self._s)
 
     def periods(self) -> list[tuple[int, int, int]]:
-        ns = self._ns
-        return list(self._a.periods()) + [(d, lo + ns, hi + ns) for d, lo, hi in self._b.periods()]
+        return [(d, lo + ns, hi + ns) for x, ns in zip(self._s, self._ns) for d, lo, hi in x.periods()]
 
 
 class JoinedTimeline:
-    """The timeline of a PE simulated in two phases (as :class:`~kbwork.device.records.Timeline` reads), each
-    field built on first use; ``begin`` is the cycle the first phase ended, where the second phase began."""
+    """The timeline of a PE simulated in parts (as :class:`~kbwork.device.records.Timeline` reads), each field
+    built on first use: part k's cycles moved by ``shifts[k]``; every part after the first began where the one
+    before it ended."""
 
-    def __init__(self, a: Any, b: Any, sched: JoinedSchedule, begin: int):
-        self._a, self._b, self._sched, self._begin = a, b, sched, begin
-        self._nc = sched._nc
-        self.engines = a.engines
-        self.cycles = max(a.cycles, b.cycles)
+    def __init__(self, parts: Sequence[Any], sched: JoinedSchedule, shifts: Sequence[int]):
+        self._t, self._sched, self._dt = list(parts), sched, list(shifts)
+        self.engines = self._t[0].engines
+        self._ends = [t.cycles + d for t, d in zip(self._t, self._dt)]
+        self.cycles = max(self._ends)
 
     def __repr__(self) -> str:
-        return f"Timeline({self._sched.n_stages} stages; in two phases)"
+        return f"Timeline({self._sched.n_stages} stages; in {len(self._t)} parts)"
 
-    def _cat(self, name: str, shift: int = 0) -> np.ndarray:
-        b = np.asarray(getattr(self._b, name))
-        return np.concatenate([np.asarray(getattr(self._a, name)), b + shift if shift else b])
+    def _cat(self, name: str, times: bool = False, shift: Sequence[int] | None = None) -> np.ndarray:
+        cols = [np.asarray(getattr(t, name)) for t in self._t]
+        if times:
+            cols = [c + d if d else c for c, d in zip(cols, self._dt)]
+        if shift is not None:
+            cols = [c + d if d else c for c, d in zip(cols, shift)]
+        return np.concatenate(cols)
 
-    start = cached_property(lambda self: self._cat("start"))
-    end = cached_property(lambda self: self._cat("end"))
+    start = cached_property(lambda self: self._cat("start", times=True))
+    end = cached_property(lambda self: self._cat("end", times=True))
     unit = cached_property(lambda self: self._cat("unit"))
-    done = cached_property(lambda self: self._cat("done"))
-    held = cached_property(lambda self: self._cat("held", self._nc))
-    release = cached_property(lambda self: self._cat("release"))
-    hit = cached_property(lambda self: np.concatenate([_ints(self._a.hit), _ints(self._b.hit) + self._nc]))
+    done = cached_property(lambda self: self._cat("done", times=True))
+    held = cached_property(lambda self: self._cat("held", shift=self._sched._nc))
+    release = cached_property(lambda self: self._cat("release", times=True))
+    hit = cached_property(lambda self: np.concatenate([_ints(t.hit) + nc for t, nc in zip(self._t, self._sched._nc)]))
 
     @cached_property
     def hit_ptr(self) -> np.ndarray:
-        pa, pb = _ints(self._a.hit_ptr), _ints(self._b.hit_ptr)
-        return np.concatenate([pa, pb[1:] + (pa[-1] if len(pa) else 0)])
+        out, total = [np.zeros(1, np.int64)], 0
+        for t in self._t:
+            p = _ints(t.hit_ptr)
+            out.append(p[1:] + total)
+            total += int(p[-1]) if len(p) else 0
+        return np.concatenate(out)
 
     def dispatch_cycles(self, sched: Any = None) -> np.ndarray:
-        """Each command's DISPATCH cycles, the two phases' one after the other (``sched`` is not read)."""
-        return np.concatenate([self._a.dispatch_cycles(self._sched._a), self._b.dispatch_cycles(self._sched._b)])
+        """Each command's DISPATCH cycles, the parts' one after another (``sched`` is not read)."""
+        return np.concatenate([t.dispatch_cycles(s) for t, s in zip(self._t, self._sched._s)])
 
     @cached_property
     def front(self) -> FrontEnd:
-        fa, fb = self._a.front, self._b.front
         sched = self._sched
         d = _ints(sched.dispatch_seq)
         whole = front_end(sched, d, self.start, self.end, self.done, self.held, self.release,
                           sched.topo.hazard_policy == "strict_fifo", ())
-        d_launch = np.concatenate([fa.d_launch, fb.d_launch])
-        if self._nc < len(d_launch):
-            d_launch[self._nc] = self._begin  # it waited for the first phase's end, as for a previous launch
-        d_after = None
-        if fa.d_after is not None or fb.d_after is not None:
-            none = [np.full(len(f.d_launch), -1, np.int64) for f in (fa, fb)]
-            d_after = np.concatenate([f.d_after if f.d_after is not None else n for f, n in zip((fa, fb), none)])
-        return whole._replace(d_wait=np.concatenate([fa.d_wait, fb.d_wait]), d_launch=d_launch, d_after=d_after)
+        fronts = [t.front for t in self._t]
+
+        def moved(col: str, default: bool = False) -> np.ndarray | None:
+            cols = [getattr(f, col) for f in fronts]
+            if all(c is None for c in cols):
+                return None
+            out = []
+            for c, f, dt in zip(cols, fronts, self._dt):
+                c = np.full(len(f.d_launch), -1, np.int64) if c is None else np.asarray(c, np.int64)
+                out.append(np.where(c >= 0, c + dt, c) if dt else c)
+            return np.concatenate(out)
+
+        d_launch = moved("d_launch")
+        for k in range(1, len(self._t)):  # each part waited for the previous one's end, as a launch does
+            c = sched._nc[k]
+            if c < len(d_launch):
+                d_launch[c] = self._ends[k - 1]
+        return whole._replace(d_wait=moved("d_wait"), d_launch=d_launch, d_after=moved("d_after"))
 
     @cached_property
     def ready(self) -> np.ndarray:
-        r = self._cat("ready")
+        r = self._cat("ready", times=True)
         f = self.front
         d = _ints(self._sched.dispatch_seq)
         r[d] = dispatch_ready(f)
@@ -228,21 +265,22 @@ class JoinedTimeline:
         return r
 
 
-def joined_state(a: SteadyState, b: SteadyState) -> SteadyState:
-    """How a two-phase PE ran: the first phase's steady state (or the second's when only it inserted periods), with
-    every loop of both."""
-    loops = tuple(a.loops) + tuple(b.loops)
-    if a.path == "steady":
-        return SteadyState("steady", a.period, a.proven_at, None, a.inserted + b.inserted, loops)
-    if b.path == "steady":
-        return SteadyState("steady", b.period, b.proven_at, None, b.inserted, loops)
-    return SteadyState("full", reason=a.reason, loops=loops)
+def joined_state(states: Sequence[SteadyState]) -> SteadyState:
+    """How a PE simulated in parts ran: the first part's steady state that inserted periods (or the first's when
+    none did), the periods all inserted, and every loop of every part, numbered across them."""
+    loops = tuple(f"loop {n}: {line.split(': ', 1)[1] if line.startswith('loop ') else line}"
+                  for n, line in enumerate(x for st in states for x in st.loops))
+    steady = [st for st in states if st.path == "steady"]
+    if steady:
+        return SteadyState("steady", steady[0].period, steady[0].proven_at, None, sum(st.inserted for st in steady),
+                           loops)
+    reason = "; ".join(dict.fromkeys(st.reason for st in states if st.reason)) or None
+    return SteadyState("full", reason=reason, loops=loops)
 
 
-def join(first: tuple, second: tuple) -> tuple:
-    """``(timeline, schedule, steady state)`` of a PE from its first phase's and its second's (the second started
-    at the first's last cycle)."""
-    tl_a, s_a, st_a = first
-    tl_b, s_b, st_b = second
-    sched = JoinedSchedule(s_a, s_b)
-    return JoinedTimeline(tl_a, tl_b, sched, tl_a.cycles), sched, joined_state(st_a, st_b)
+def join(parts: Sequence[tuple], shifts: Sequence[int] | None = None) -> tuple:
+    """``(timeline, schedule, steady state)`` of a PE from its parts' (each such a triple, in order), part k's
+    cycles moved by ``shifts[k]`` (default: none; each part began where the previous one ended)."""
+    sched = JoinedSchedule([p[1] for p in parts])
+    tl = JoinedTimeline([p[0] for p in parts], sched, shifts or [0] * len(parts))
+    return tl, sched, joined_state([p[2] for p in parts])
