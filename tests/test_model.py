@@ -124,6 +124,41 @@ def test_ping_pong_beats_serial_for_llama_3_8b_batch_16_at_8k():
     assert [r.half for r in pp.attention_runs] == ["A", "B"] and len(pp.tasks) == 16 * 8
 
 
+def test_a_ping_pong_step_runs_the_whole_batch_only_when_serial_seconds_or_notes_is_read(monkeypatch):
+    import copy
+    import pickle
+
+    import kbwork.model.steps as steps_module
+
+    runs = []
+
+    def counting(tasks, *args, **kwargs):
+        runs.append(len(tasks))
+        return attention_run(tasks, *args, **kwargs)
+
+    monkeypatch.setattr(steps_module, "attention_run", counting)
+    contexts = [8192] * 4   # 32 tasks on 96 PEs: ping-pong is slower, so a note says why
+    pp = mdl.step("llama-3-8b", contexts, schedule="ping_pong")
+    assert runs == [16, 16]   # the two halves
+    steps_module.compare_row(pp)   # a sweep's row and compare's: seconds, bound, energy
+    pp.breakdown, pp.timeline, pp.shares_frame, pp.memory
+    untouched = copy.copy(pp)
+    assert runs == [16, 16]
+    serial_s = pp.serial_seconds
+    assert runs == [16, 16, 32]   # the whole batch, once
+    assert pp.notes == pp.notes and pp.serial_seconds == serial_s and runs == [16, 16, 32]
+    assert untouched.notes == pp.notes and runs == [16, 16, 32, 32]   # a copy made before the read runs its own
+    # equal to an eager computation: the serial step of the same batch, and the note made from it
+    serial = mdl.step("llama-3-8b", contexts)
+    assert serial_s == serial.seconds and serial.serial_seconds is None and serial.notes == ()
+    assert pp.notes == (steps_module._ping_pong_slower(pp.model, pp.device, pp._halves, serial._halves[0],
+                                                        pp.seconds, serial.seconds),)
+    assert pp.to_dict()["serial_seconds"] == serial_s and pp.to_dict()["notes"] == list(pp.notes)
+    # a step of the host placement has nothing to run later and pickles as before
+    host = mdl.step("llama-3-8b", contexts, placement="host", schedule="ping_pong")
+    assert pickle.loads(pickle.dumps(host)).notes == host.notes and host.serial_seconds is None
+
+
 def test_with_one_sequence_ping_pong_is_serial():
     for contexts in ([8192], [300]):
         serial = mdl.step("llama-3-8b", contexts)

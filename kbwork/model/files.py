@@ -85,6 +85,72 @@ def read_toml(path: Path, what: str, directory: Path, name: Any = None) -> dict[
     return doc
 
 
+@dataclasses.dataclass(frozen=True)
+class _Kind:
+    """What tells a model file from a host file: all :func:`_load_file` needs to read either."""
+
+    what: str  # "model" or "host", as messages say it
+    directory: Path  # where the shipped files are
+    keys: tuple[str, ...]  # "name" and the key table's keys, in order
+    table: _keys.KeyTable
+    make: type  # Model or Host
+    accepts: str  # what the public loader takes, for the message refusing anything else
+    #: a sentence added to the "missing" message when that key is among the missing ones
+    hints: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+def _load_file(kind: _Kind, name_or_path: Any) -> Any:
+    """The ``kind.make`` (a Model or Host) that a name (``<kind.directory>/<name>.toml``) or a path stands for.
+
+    A file that is not a shipped one keeps its path (``path``, shown beside its name), and such a file that takes
+    a shipped name must hold that one's values.
+
+    Raises:
+        ConfigError: ``name_or_path`` neither text nor a path; no such name or file; the file unreadable, not
+            TOML or not flat; a key unknown (with a "did you mean"), missing (every key of ``kind.table``
+            without a default, and ``name``), or refused by its row or by the class; a shipped name with other
+            values. The message names the key and the file.
+    """
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise ConfigError(f"{kind.what} must be {kind.accepts}, got {_describe(name_or_path)}.")
+    path = _resolve(name_or_path, kind.directory, kind.what)
+    doc = read_toml(path, kind.what, kind.directory, name_or_path)
+    where = str(path)
+    _check_keys(doc, kind.keys, kind.what, where)
+    missing = [k for k in kind.keys if k not in doc and (k == "name" or kind.table.by_name[k].default is None)]
+    if missing:
+        fix = "".join(kind.hints[k] for k in missing if k in kind.hints)
+        raise ConfigError(f"{where}: {kind.what} key{'s' if len(missing) > 1 else ''} "
+                          f"{', '.join(map(repr, missing))} missing; a {kind.what} file gives every one of "
+                          f"{', '.join(kind.keys)}.{fix}")
+    elsewhere = _elsewhere(path, kind.directory)
+    obj = kind.make(**doc, source=os.path.abspath(path), path=elsewhere)
+    if elsewhere is not None and obj.name in _builtin(kind.directory):
+        _not_a_shipped_name(obj, kind, where)
+    return obj
+
+
+def _not_a_shipped_name(obj: Any, kind: _Kind, where: str) -> None:
+    """Refuse a file elsewhere that takes a shipped model's or host's name with other values (it would report
+    as that one)."""
+    shipped = _load_file(kind, obj.name)
+    differ = [k for k, v in obj.to_dict().items() if shipped.to_dict()[k] != v]
+    if differ:
+        raise ConfigError(f"{where}: this {kind.what} file names itself {obj.name!r}, the shipped {kind.what} "
+                          f"({kind.directory / (obj.name + '.toml')}), but its {', '.join(differ)} differ from it "
+                          f"({', '.join(f'{k} {getattr(obj, k)!r}, not {getattr(shipped, k)!r}' for k in differ)}); "
+                          f"give it a name of its own (e.g. name = \"{obj.name}-mine\").")
+
+
+def _elsewhere(path: Path, directory: Path) -> str | None:
+    """``path`` as given when it is not one of ``directory``'s shipped files, else None."""
+    try:
+        shipped = path.resolve() in set(_builtin(directory).values())
+    except OSError:
+        shipped = False
+    return None if shipped else str(path)
+
+
 # --- models ------------------------------------------------------------------------------------
 #: ``name`` and every model key (:data:`kbwork.keys.MODEL`), in order.
 MODEL_KEYS = ("name", *_keys.MODEL.names)
@@ -191,16 +257,8 @@ class Model:
                           if d != "bf16") + ")")
 
 
-def _not_a_shipped_name(obj: Any, load: Any, directory: Path, what: str, where: str) -> None:
-    """Refuse a file elsewhere that takes a shipped model's or host's name with other values (it would report
-    as that one)."""
-    shipped = load(obj.name)
-    differ = [k for k, v in obj.to_dict().items() if shipped.to_dict()[k] != v]
-    if differ:
-        raise ConfigError(f"{where}: this {what} file names itself {obj.name!r}, the shipped {what} "
-                          f"({directory / (obj.name + '.toml')}), but its {', '.join(differ)} differ from it "
-                          f"({', '.join(f'{k} {getattr(obj, k)!r}, not {getattr(shipped, k)!r}' for k in differ)}); "
-                          f"give it a name of its own (e.g. name = \"{obj.name}-mine\").")
+_MODEL = _Kind("model", MODELS_DIR, MODEL_KEYS, _keys.MODEL, Model,
+               "a name (e.g. 'llama-3-8b'), a path to a .toml file or a Model")
 
 
 def load_model(name_or_path: str | os.PathLike[str] | Model = "llama-3-8b") -> Model:
@@ -215,24 +273,7 @@ def load_model(name_or_path: str | os.PathLike[str] | Model = "llama-3-8b") -> M
             (:data:`kbwork.keys.MODEL`); ``heads`` not a multiple of ``kv_heads``; a shipped name with other
             values. The message names the key and the file.
     """
-    if isinstance(name_or_path, Model):
-        return name_or_path
-    if not isinstance(name_or_path, (str, os.PathLike)):
-        raise ConfigError(f"model must be a name (e.g. 'llama-3-8b'), a path to a .toml file or a Model, got "
-                          f"{_describe(name_or_path)}.")
-    path = _resolve(name_or_path, MODELS_DIR, "model")
-    doc = read_toml(path, "model", MODELS_DIR, name_or_path)
-    where = str(path)
-    _check_keys(doc, MODEL_KEYS, "model", where)
-    missing = [k for k in MODEL_KEYS if k not in doc and (k == "name" or _keys.MODEL.by_name[k].default is None)]
-    if missing:
-        raise ConfigError(f"{where}: model key{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))} "
-                          f"missing; a model file gives every one of {', '.join(MODEL_KEYS)}.")
-    elsewhere = _elsewhere(path, MODELS_DIR)
-    m = Model(**doc, source=os.path.abspath(path), path=elsewhere)
-    if elsewhere is not None and m.name in _builtin(MODELS_DIR):
-        _not_a_shipped_name(m, load_model, MODELS_DIR, "model", where)
-    return m
+    return name_or_path if isinstance(name_or_path, Model) else _load_file(_MODEL, name_or_path)
 
 
 def with_dtypes(m: Model, weight_dtype: str | None, kv_dtype: str | None) -> Model:
@@ -244,15 +285,6 @@ def with_dtypes(m: Model, weight_dtype: str | None, kv_dtype: str | None) -> Mod
     changes = {k: v for k, v in (("weight_dtype", weight_dtype), ("kv_dtype", kv_dtype))
                if v is not None and v != getattr(m, k)}
     return m.replace(**changes) if changes else m
-
-
-def _elsewhere(path: Path, directory: Path) -> str | None:
-    """``path`` as given when it is not one of ``directory``'s shipped files, else None."""
-    try:
-        shipped = path.resolve() in set(_builtin(directory).values())
-    except OSError:
-        shipped = False
-    return None if shipped else str(path)
 
 
 # --- hosts -------------------------------------------------------------------------------------
@@ -361,6 +393,13 @@ class Host:
                 f"handoff {self.handoff_us:g} us, HBM {self.gpu_hbm_gib:g} GiB)")
 
 
+_HOST = _Kind("host", HOSTS_DIR, HOST_KEYS, _keys.HOST, Host,
+              "a name (e.g. 'h200'), a path to a .toml file, a mapping of host keys or a Host",
+              {"attention_bandwidth": " attention_bandwidth names the host's own measured decode-attention table "
+               "(a CSV in data/measured/, e.g. attention_bandwidth = \"h200_decode_attention_bandwidth.csv\" for an "
+               "H200); kbwork never lends one host's table to another."})
+
+
 def load_host(name_or_mapping: str | os.PathLike[str] | Mapping[str, Any] | Host | None = None) -> Host:
     """Load a host: a name (``data/hosts/<name>.toml``), a path, a :class:`Host`, or a mapping of host keys
     applied over ``h200``'s (``{"handoff_us": 5}``); ``None`` is ``h200``.
@@ -391,22 +430,4 @@ def load_host(name_or_mapping: str | os.PathLike[str] | Mapping[str, Any] | Host
                               f"{base.name}'s. Add \"attention_bandwidth\": \"<table>.csv\" (a CSV in "
                               f"data/measured/, or a path), or leave out \"name\" for a variant of {base.name}.")
         return base.replace(**over) if over else base
-    if not isinstance(name_or_mapping, (str, os.PathLike)):
-        raise ConfigError(f"host must be a name (e.g. 'h200'), a path to a .toml file, a mapping of host keys or "
-                          f"a Host, got {_describe(name_or_mapping)}.")
-    path = _resolve(name_or_mapping, HOSTS_DIR, "host")
-    doc = read_toml(path, "host", HOSTS_DIR, name_or_mapping)
-    where = str(path)
-    _check_keys(doc, HOST_KEYS, "host", where)
-    missing = [k for k in HOST_KEYS if k not in doc]
-    if missing:
-        fix = (" attention_bandwidth names the host's own measured decode-attention table (a CSV in "
-               "data/measured/, e.g. attention_bandwidth = \"h200_decode_attention_bandwidth.csv\" for an H200); "
-               "kbwork never lends one host's table to another." if "attention_bandwidth" in missing else "")
-        raise ConfigError(f"{where}: host key{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))} "
-                          f"missing; a host file gives every one of {', '.join(HOST_KEYS)}.{fix}")
-    elsewhere = _elsewhere(path, HOSTS_DIR)
-    h = Host(**doc, source=os.path.abspath(path), path=elsewhere)
-    if elsewhere is not None and h.name in _builtin(HOSTS_DIR):
-        _not_a_shipped_name(h, load_host, HOSTS_DIR, "host", where)
-    return h
+    return _load_file(_HOST, name_or_mapping)

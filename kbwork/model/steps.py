@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Callable, ContextManager, Sequence
 
 import numpy as np
@@ -97,6 +98,32 @@ class _Half:
     merge_bytes: int = 0
 
 
+@dataclass(frozen=True)
+class _SerialCompare:
+    """What a ping-pong step needs to run the serial step of its batch (one device run of the whole batch's
+    attention), kept so that the run happens only when :attr:`Step.serial_seconds` or :attr:`Step.notes` is
+    first read."""
+
+    model: Model
+    host: Host
+    device: Device
+    contexts: tuple[int, ...]
+    variant: str
+    tile: int
+    mapping: str
+    merge: str
+    #: the step's ``progress`` (the run is reported as a phase of its own); not pickled
+    progress: Callable[[str], ContextManager[Any]] | None = field(default=None, compare=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "progress": None}  # a progress bar's phase is not data
+
+    def whole(self) -> _Half:
+        """The whole batch as one half (one device run of its attention, mapped from PE 0)."""
+        return _half("", 0, self.contexts, self.model, self.host, self.device, self.variant, self.tile,
+                     self.mapping, self.merge, self.progress, ", for the serial step to compare")
+
+
 class Step:
     """One decode step of a model (what :func:`step` returns).
 
@@ -124,7 +151,8 @@ class Step:
             cycles: ``{"A": ..., "B": ...}`` (their sum is ``attention_cycles``); else ``None``.
         serial_seconds: under ping-pong (two halves), the same batch's step under the serial schedule,
             seconds (its attention one device run of the whole batch), what :attr:`notes` compares with;
-            else ``None``.
+            else ``None``. That device run happens when ``serial_seconds`` or ``notes`` is first read, not
+            before (a sweep's rows and ``compare`` read neither).
         memory: what the step places where (DESIGN.md §15, "Capacity: what fits"): a DataFrame ``where``
             (host|device), ``what`` (weights|kv), ``bytes``, ``capacity_bytes`` (``inf``: unbounded).
         fits: whether every ``where``'s bytes fit in its capacity (``False`` only from
@@ -133,7 +161,9 @@ class Step:
         attention: the device ``Run`` of one layer's attention (half A's under ping-pong; both are in
             ``attention_runs``), ``None`` for the host placement.
         timeline: the schedule, one row per task: ``task, half, layer, phase, resource, start, end`` (µs).
-        notes: what the step did that was not asked for in so many words.
+        notes: what the step did that was not asked for in so many words (under ping-pong the last one says
+            whether it is slower than serial, so reading it runs the serial step's device run as
+            ``serial_seconds`` does).
         mapping: ``"sequence"`` (DESIGN.md §15: one PE per (sequence, KV head)) or ``"split"`` (§16: each
             layer's tiles balanced over the PEs, a sequence's keys split into chunks where they span PEs).
         merge: where split chunks are merged: ``"device"`` (a ``gqa_merge`` launch per split (s, h), inside
@@ -151,7 +181,7 @@ class Step:
 
     def __init__(self, *, model: Model, host: Host, device: Device, contexts: tuple[int, ...], variant: str,
                  placement: str, schedule: str, tile: int, halves: list[_Half], timeline: pd.DataFrame,
-                 seconds: float, notes: tuple[str, ...], memory: pd.DataFrame, serial_seconds: float | None = None,
+                 seconds: float, notes: tuple[str, ...], memory: pd.DataFrame, serial: _SerialCompare | None = None,
                  mapping: str = "sequence", merge: str = "device"):
         self.model, self.host, self.device, self.contexts = model, host, device, contexts
         self.batch = len(contexts)
@@ -162,14 +192,14 @@ class Step:
         self.timeline = timeline
         self.seconds = seconds
         self.tokens_per_s = self.batch / seconds
-        self.notes = notes
+        self._notes = notes  # without the comparison with serial, which :attr:`notes` adds on first use
+        self._serial = serial
         self.padding = Padding.of(contexts, tile)
         self.attention_runs = tuple(h.attention for h in halves if h.attention is not None)
         self.tasks = tuple(t for r in self.attention_runs for t in r.tasks)
         self.attention_cycles = sum(r.cycles for r in self.attention_runs) if self.attention_runs else None
         self.attention_cycles_per_half = ({r.half: r.cycles for r in self.attention_runs}
                                           if len(self.attention_runs) > 1 else None)
-        self.serial_seconds = serial_seconds
         self.memory = memory
         self.fits = not overfull(memory)
         self.attention = self.attention_runs[0].run if self.attention_runs else None
@@ -181,6 +211,32 @@ class Step:
         self.weight_dtype, self.kv_dtype = model.weight_dtype, model.kv_dtype
         self._energy: pd.DataFrame | None = None
         self._energy_keys: dict[str, Any] = {}  # the device's energy keys priced instead of its topology's
+
+    # --- the serial step of the same batch (ping-pong only), on first use ----------------------------
+    @cached_property
+    def _compared(self) -> tuple[float | None, tuple[str, ...]]:
+        """``serial_seconds`` and ``notes``: under ping-pong the whole batch's device run is made here, once."""
+        if self._serial is None:
+            return None, self._notes
+        c = self._serial
+        whole = c.whole()
+        serial_s = serial_seconds(c.model.layers, _costs(whole, "device", c.host.handoff_s))
+        if self.seconds <= serial_s:
+            return serial_s, self._notes
+        return serial_s, (*self._notes, _ping_pong_slower(c.model, c.device, self._halves, whole, self.seconds,
+                                                           serial_s))
+
+    @property
+    def serial_seconds(self) -> float | None:
+        """Under ping-pong (two halves), the same batch's step under the serial schedule, seconds; else
+        ``None``. The first read runs the whole batch's attention on the device (once)."""
+        return self._compared[0]
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """What the step did that was not asked for in so many words; under ping-pong, last, whether it is slower
+        than serial and why (the first read runs what :attr:`serial_seconds` does)."""
+        return self._compared[1]
 
     # --- energy (DESIGN.md §18; kbwork.model.energy) --------------------------------------------
     @property
@@ -418,7 +474,7 @@ def step(model: str | Model, contexts: Sequence[int], *, variant: str = "opt2", 
         _check_capacity(memory, model=m, batch=len(ctx), placement=placement, where=where)
     notes: list[str] = []
     halves: list[_Half] = []
-    serial_s: float | None = None
+    serial: _SerialCompare | None = None
     if placement == "host":
         if schedule != "serial":
             notes.append(f"schedule={schedule!r} applies to placement='ahbm'; the host placement is serial.")
@@ -436,39 +492,41 @@ def step(model: str | Model, contexts: Sequence[int], *, variant: str = "opt2", 
         split = -(-len(ctx) // 2)
         parts = [(HALVES[0], 0, ctx[:split]), (HALVES[1], split, ctx[split:])] if schedule == "ping_pong" else \
             [("", 0, ctx)]
-        if len(parts) > 1 and parts[1][2]:  # the serial step of the same batch, which ping-pong must beat
-            parts.append(("", 0, ctx))
-        for name, first, part in parts:
-            if not part:
-                continue
-            seqs = f"{len(part)} sequence{'s' if len(part) > 1 else ''}"
-            label = f"half {name}, {seqs}" if name else seqs
-            if len(parts) > 2 and not name:
-                label += ", for the serial step to compare"
-            with phase(f"{variant} on the device: one layer's attention ({label}, {len(part) * m.kv_heads} tasks)"):
-                tasks = assign_tasks(part, kv_heads=m.kv_heads, pes=dev.pes, tile=tile, first_sequence=first,
-                                     mapping=mapping)
-                drun = attention_run(tasks, dev, variant, tile, group=m.group, head_dim=m.head_dim,
-                                     kv_dtype=m.kv_dtype, merge=merge)
-                run = AttentionRun(name, tasks, drun.cycles, per_pe_cycles(drun, dev.pes), drun.cycles / dev.clock_hz,
-                                   channel_bound_cycles(tasks, dev, m.head_dim, m.kv_dtype), drun)
-            moved = partial_bytes(tasks, m.group, m.head_dim) if merge == "host" else 0
-            merge_s = moved / (h.hbm_bytes_per_s * h.eta_bw) + h.launch_s if moved else 0.0
-            halves.append(_Half(name, len(part), layer_gemms(m, h, len(part)), lm_head(m, h, len(part)),
-                                run.seconds, run, None, merge_s, moved))
-        if len(halves) > 2:
-            whole = halves.pop()
-            serial_s = serial_seconds(m.layers, _costs(whole, "device", h.handoff_s))
+        halves = [_half(name, first, part, m, h, dev, variant, tile, mapping, merge, progress)
+                  for name, first, part in parts if part]
+        if len(halves) > 1:  # the serial step of the same batch, which ping-pong must beat: run when first read
+            serial = _SerialCompare(m, h, dev, ctx, variant, tile, mapping, merge, progress)
         costs = [_costs(x, "device", h.handoff_s) for x in halves]
     with phase("host: the schedule"):
         timeline = list_schedule(chain_jobs(m.layers, costs))
         seconds = serial_seconds(m.layers, costs[0]) if len(costs) == 1 else float(timeline["end"].max())
         timeline[["start", "end"]] *= 1e6
-    if serial_s is not None and seconds > serial_s:
-        notes.append(_ping_pong_slower(m, dev, halves, whole, seconds, serial_s))
     return Step(model=m, host=h, device=dev, contexts=ctx, variant=variant, placement=placement, schedule=schedule,
                 tile=tile, halves=halves, timeline=timeline, seconds=seconds, notes=tuple(notes), memory=memory,
-                serial_seconds=serial_s, mapping=mapping, merge=merge)
+                serial=serial, mapping=mapping, merge=merge)
+
+
+def _half(name: str, first: int, part: Sequence[int], m: Model, h: Host, dev: Device, variant: str, tile: int,
+          mapping: str, merge: str, progress: Callable[[str], ContextManager[Any]] | None,
+          why: str = "") -> _Half:
+    """Half ``name`` (``""``: the whole batch) of a step on the device: the sequences ``part``, the first of them
+    sequence ``first``; its attention one device run of its tasks mapped from PE 0 (reported to ``progress`` as
+    a phase, its label ending in ``why``), its GEMMs of ``len(part)`` rows and, under ``merge="host"``, the
+    host's merge of its split partials."""
+    seqs = f"{len(part)} sequence{'s' if len(part) > 1 else ''}"
+    label = (f"half {name}, {seqs}" if name else seqs) + why
+    phase = progress if progress is not None else (lambda _: contextlib.nullcontext())
+    with phase(f"{variant} on the device: one layer's attention ({label}, {len(part) * m.kv_heads} tasks)"):
+        tasks = assign_tasks(part, kv_heads=m.kv_heads, pes=dev.pes, tile=tile, first_sequence=first,
+                             mapping=mapping)
+        drun = attention_run(tasks, dev, variant, tile, group=m.group, head_dim=m.head_dim, kv_dtype=m.kv_dtype,
+                             merge=merge)
+        run = AttentionRun(name, tasks, drun.cycles, per_pe_cycles(drun, dev.pes), drun.cycles / dev.clock_hz,
+                           channel_bound_cycles(tasks, dev, m.head_dim, m.kv_dtype), drun)
+    moved = partial_bytes(tasks, m.group, m.head_dim) if merge == "host" else 0
+    merge_s = moved / (h.hbm_bytes_per_s * h.eta_bw) + h.launch_s if moved else 0.0
+    return _Half(name, len(part), layer_gemms(m, h, len(part)), lm_head(m, h, len(part)), run.seconds, run, None,
+                 merge_s, moved)
 
 
 def step_memory(m: Model, h: Host, dev: Device, placement: str, contexts: Sequence[int], tile: int) -> pd.DataFrame:
