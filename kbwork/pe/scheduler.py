@@ -789,7 +789,8 @@ class Schedule:
 
 class ScheduleView(Protocol):
     """What a run holds as its program (DESIGN.md §19), whatever made it: the full :class:`Schedule`, the
-    expanded steady one (``device.expand.ExpandedSchedule``) or a replica (``device.device.Replica``).
+    expanded steady one (``device.expand.ExpandedSchedule``), a replica (``device.device.Replica``) or a PE
+    simulated in parts (``device.join.JoinedSchedule``).
 
     ``commands`` are the commands in program order and ``table`` the stages (columns indexed by seq; ``len``
     is the number of stages); ``n_commands`` and ``n_stages`` their lengths. The per-command columns
