@@ -138,3 +138,33 @@ def test_a_first_phase_launch_sharing_a_channel_unordered_moves_the_cut_before_i
     run = sim.run_device(plan)
     assert run.reductions.cut == {0: (0, 2), 1: (1, 1)}
     assert run.to_csv() == sim.run_device(plan, reductions=False, steady_state=False).to_csv()
+
+
+def test_a_pe_alone_runs_launch_by_launch_and_an_equal_launch_is_replicated(monkeypatch):
+    """A PE alone on its channel runs three streams, the first and third alike (the same signature, tensors laid
+    out alike): two launches are simulated, the third takes the first's records under its own names, and the
+    run equals the plain simulation stage for stage."""
+    import kbwork.device.steady as steady
+
+    calls = []
+    real = steady.simulate_pe
+    monkeypatch.setattr(steady, "simulate_pe", lambda progs, *a, **k: calls.append(len(progs)) or real(progs, *a, **k))
+    sim = kbwork.Simulator(mode="timing", pes=2, hbm_channels=2, channel_bytes_per_cycle=40)
+    x = [sim.hbm(f"x{i}", shape=(40 * 16, 32), dtype="fp32", channel=0) for i in range(2)]
+    y = [sim.hbm(f"y{i}", shape=(40 * 16, 32), dtype="fp32", channel=0) for i in range(2)]
+    u = sim.hbm("u", shape=(25 * 8, 64), dtype="bf16", channel=0)
+    w = sim.hbm("w", shape=(25 * 8, 64), dtype="fp32", channel=0)
+    # (op="direct": no tl.load, whose buffer would be named after the tensor and keep the launch from replicating)
+    plan = {0: [Launch(stream_kernel, x[0], y[0], tile=16, op="direct"), Launch(stream_kernel, u, w, tile=8, op="copy"),
+                Launch(stream_kernel, x[1], y[1], tile=16, op="direct")]}
+    run = sim.run_device(plan)
+    assert calls == [1, 1]
+    plain = sim.run_device(plan, reductions=False, steady_state=False)
+    assert run.to_csv() == plain.to_csv()
+    log = run.op_log
+    n = sim.run_device({0: [Launch(stream_kernel, x[0], y[0], tile=16, op="direct")]}).program.n_commands
+    third = log[log.cmd >= log.cmd.max() + 1 - n]
+    assert "y1[624:640]" in set(third.tensor.astype(str)) and not {"x0", "y0"} & {t.split("[")[0] for t in
+                                                                                 third.tensor.astype(str)}
+    assert run.steady_state.path == "steady"
+    assert run.critical_path()[["seq", "cause"]].equals(plain.critical_path()[["seq", "cause"]])
