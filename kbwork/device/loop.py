@@ -6,6 +6,14 @@ effects, successors, command completion, hazard checks), then lets each free
 unit start the ready stage with the lowest seq (oldest first). Nothing
 depends on dict or set iteration order.
 
+:func:`run` reads as SimPy's ``step()``: it takes the next instant and the
+PE whose event comes out first, and hands the instant to that PE's two
+phases, :func:`_retire` (pop its events of the instant and apply them) and
+:func:`_schedule` (start what can start). A PE's whole state is its record,
+:class:`PeState`; the phases are generators over it (:func:`_process`), each
+binding the lists it works on once per run, since a turn is most often a
+single event and a plain call per turn would bind them at every event.
+
 The units come from the topology's engine table (``pe.stages.engine_table``,
 SimPy's ``Resource(env, capacity)``): each engine is a resource with a
 capacity, its number of units, and every stage names the engine it runs on.
@@ -44,7 +52,7 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass, field
 from heapq import heapify, heappop, heappush
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Generator, Sequence
 
 from ..errors import SimulationError
 from ..pe.engines import DataExecutor
@@ -378,37 +386,16 @@ def step(dev: DeviceState, **kw: Any) -> int:
     return run(dev, until=dev.events[0][0] if dev.events else dev.t, **kw)
 
 
-def _bind(P: PeState) -> tuple:
-    """The lists and settings of PE ``P`` the loop works on, bound to locals whenever the loop turns to ``P``: the
-    objects themselves, which the loop changes in place and nothing replaces while it runs (so one call of
-    :func:`run` makes this once per PE). The counters and the running launch's cursor and executor are read
-    from ``P`` at each turn instead, and the counters written back when the loop leaves it."""
-    table, ctab = P.table, P.ctab
-    walk_one: list[tuple[list[int], int]] = []
-    walk_many: list[tuple[list[int], tuple[int, ...]]] = []
-    dma_units: tuple[int, ...] = ()
-    u0 = 0
-    for e, spec in enumerate(P.engines):
-        units = tuple(range(u0, u0 + spec.capacity))
-        u0 += spec.capacity
-        if e == _DMA_ENGINE and P.flows:
-            dma_units = units  # started through the flow rule below, not with the other engines
-        elif e >= 2:
-            (walk_one.append((P.ready_q[e], units[0])) if len(units) == 1
-             else walk_many.append((P.ready_q[e], units)))
-    return (table.kind, table.engine, table.dur, table.cmd, table.effects, table.cbase, table.lsucc, table.chan,
-            table.nbytes, P.start, P.end, P.rdy, P.unit, P.remaining, P.xsucc, ctab.dispatch_seq, ctab.reads,
-            ctab.writes, ctab.waits, P.cmd_left, P.completed, P.final_stage, P.busy, P.ready_q, P.active,
-            P.held_count, P.waiters, P.held, P.release_at, P.hits, P.waited, P.depth, P.strict, walk_one,
-            walk_many, dma_units, P.ready_q[_DMA_ENGINE] if P.flows else None, P.flows, P.in_flow,
-            P.pe << PE_SHIFT)
-
-
 def run(dev: DeviceState | PeState, apply: Callable[[object], None] | None = None,
         edges: list[list[int]] | dict[int, list[list[int]]] | None = None, on_boundary: Callable[..., Any] | None = None,
         until: int | None = None) -> int:
     """Run the device (or one PE) until every program has completed, or up to and including cycle ``until``;
     return the last cycle processed.
+
+    The loop is SimPy's ``step()``, a turn at a time: the next instant and the PE whose event comes out first;
+    pop its events of that instant and apply them (``retire``); then schedule what can start then
+    (``schedule``): the two phases of the PE's process (:func:`_process`), which read and write its record,
+    :class:`PeState`.
 
     Args:
         dev: the device (:func:`device`), or one PE (:func:`new_pe`: it is made a device of one), at cycle 0 or
@@ -438,156 +425,211 @@ def run(dev: DeviceState | PeState, apply: Callable[[object], None] | None = Non
     events, pes = dev.events, dev.pes
     # one PE: every event is its own (its keys are plain seqs); no contended channel: every end is final
     single, flowing = len(pes) == 1, bool(dev.channels)
-    P: PeState | None = None
-    bound: list[tuple | None] = [None] * len(pes)  # each PE's _bind, made the first time the loop turns to it
+    retires: list = [None] * len(pes)  # each PE's phases (:func:`_process`), made at its first turn
+    schedules: list = [None] * len(pes)
     t = dev.t
     per_pe = edges if isinstance(edges, dict) else ({0: edges} if edges is not None else None)
     if per_pe is not None and len(pes) > 1 and not isinstance(edges, dict):
         raise SimulationError("a device run records its dynamic edges per PE: pass edges as {pe: []}.")
-    E = None
     if per_pe is not None:
         for p, lst in per_pe.items():
             lst.extend([] for _ in range(len(pes[p].start) - len(lst)))
-
-    while events:
+    while True:  # (not ``while events``: CPython 3.11 warms a function up for specializing at an unconditional
+        if not events:  # backward jump, and run is called once per simulation)
+            break
         t, key = events[0]
         if until is not None and t > until:
             break
         p = key >> PE_SHIFT
-        if P is not pes[p]:
-            if P is not None:  # the loop leaves P: its counters go back into its record
-                P.next_dispatch, P.dispatched_end, P.next_plan = next_dispatch, dispatched_end, next_plan
-                P.in_flight, P.first_incomplete, P.held_strict = in_flight, first_incomplete, held_strict
-                P.last_completion, P.last_release = last_completion, last_release
-            P = pes[p]
-            b = bound[p]
-            if b is None:
-                b = bound[p] = _bind(P)
-            (kind, engine, dur, cmd_of, effects, cbase, lsucc, chan, nbytes, start, end, rdy, unit, remaining,
-             xsucc, dispatch_seq, reads, writes, waits, cmd_left, completed, final_stage, busy, ready_q, active,
-             held_count, waiters, held, release_at, hits, waited, depth, strict, walk_one, walk_many, dma_units,
-             dma_q, flows, in_flow, pkey) = b
-            cursor, apply = P.cursor, P.apply
-            next_dispatch, dispatched_end, next_plan = P.next_dispatch, P.dispatched_end, P.next_plan
-            in_flight, first_incomplete, held_strict = P.in_flight, P.first_incomplete, P.held_strict
-            last_completion, last_release = P.last_completion, P.last_release
-            if per_pe is not None:
-                E = per_pe.setdefault(p, [])
-                E.extend([] for _ in range(len(start) - len(E)))
-        # -- retire everything of this PE that ends at t ------------------------------------------------------
-        while events and events[0][0] == t and (single or events[0][1] >> PE_SHIFT == p):
+        retire = retires[p]
+        if retire is None:
+            retire, schedules[p] = _process(dev, pes[p], single, flowing, on_boundary,
+                                            None if per_pe is None else per_pe.setdefault(p, []))
+            retires[p] = retire
+        retire(t)
+        schedules[p](t)
+    dev.t = t
+    if not events:
+        _check_finished(pes, t)
+    return t
+
+
+def _process(dev: DeviceState, P: PeState, single: bool, flowing: bool, on_boundary: Callable[..., Any] | None,
+             E: list[list[int]] | None) -> tuple[Callable[[int], Any], Callable[[int], Any]]:
+    """PE ``P``'s process (SimPy's): its two phases, ``retire(t)`` (:func:`_retire`) and ``schedule(t)``
+    (:func:`_schedule`), each called at every instant the loop turns to ``P``. ``E``: ``P``'s dynamic edges, if
+    recorded.
+
+    Each phase is a generator that binds the lists it works on once and then handles one instant per ``send``:
+    its locals live as long as the run, so a turn costs no binding and no frame set-up (a plain call per turn
+    would, for every local). The lists are the objects themselves, which the phases change in place and nothing
+    replaces while the loop runs; the counters are read and written in ``P``'s record, where the steady state
+    reads them."""
+    if E is not None:
+        E.extend([] for _ in range(len(P.start) - len(E)))
+    retire, schedule = _retire(dev, P, single, flowing, E), _schedule(dev, P, on_boundary, E)
+    next(retire)
+    next(schedule)
+    return retire.send, schedule.send
+
+
+def _retire(dev: DeviceState, P: PeState, single: bool, flowing: bool, E: list[list[int]] | None
+            ) -> Generator[None, int, None]:
+    """Apply: at each instant ``t`` sent, pop every event of ``P`` at ``t`` and apply it, in seq order. A stage's
+    end frees its unit; a plan stage's applies its effect (data mode), leaves its flow, notifies its successors
+    and may complete its command (releasing the commands held behind it); a DISPATCH's counts; a PLAN's checks
+    the command against every earlier one not yet complete, and releases it or holds it (:func:`_hold`). A flow
+    reaching its data phase joins its channel; a wake-up only brings ``P`` to :func:`_schedule`."""
+    events, table = dev.events, P.table
+    kind, engine, cmd_of, effects, cbase, lsucc, chan, nbytes = (table.kind, table.engine, table.cmd, table.effects,
+                                                                 table.cbase, table.lsucc, table.chan, table.nbytes)
+    end, rdy, unit, remaining, xsucc, cmd_left, completed, final_stage, busy, ready_q, active = (
+        P.end, P.rdy, P.unit, P.remaining, P.xsucc, P.cmd_left, P.completed, P.final_stage, P.busy, P.ready_q,
+        P.active)
+    ctab = P.ctab
+    dispatch_seq, reads, writes = ctab.dispatch_seq, ctab.reads, ctab.writes
+    strict, flows, in_flow, p = P.strict, P.flows, P.in_flow, P.pe
+    t = yield
+    while True:  # a turn: the first event is P's at t (run looked); then as long as the next one is
+        apply = P.apply  # the running launch's executor (data mode): a new launch brings its own
+        while True:
             s = heappop(events)[1] & MASK
             if s >= JOIN:
                 if s != WAKE:  # a flow's data phase starts: it joins its channel
                     s ^= JOIN
                     _reflow(dev, flows[chan[s]].join(t, p, s, nbytes[s]))
-                continue
-            if flowing and (end[s] != t or (s not in in_flow and engine[s] == _DMA_ENGINE and nbytes[s]
-                                            and chan[s] in flows)):
-                continue  # a flow's end that moved since it was pushed, or one it moved back to (already retired)
-            busy[unit[s]] = False
-            k = kind[s]
-            if k > _PLAN:
-                if apply is not None and effects[s] is not None:
-                    apply(effects[s])
-                if in_flow and s in in_flow:
-                    in_flow.discard(s)
-                    _reflow(dev, flows[chan[s]].leave(t, p, s))
-                c = cmd_of[s]
-                b = cbase[c]
-                for y in lsucc[s]:
-                    u = b + y
-                    left = remaining[u] - 1
-                    remaining[u] = left
-                    if not left:
-                        heappush(ready_q[engine[u]], u)
-                        rdy[u] = t
-                x = xsucc[s]
-                if x is not None:
-                    for u in x:
+            elif flowing and (end[s] != t or (s not in in_flow and engine[s] == _DMA_ENGINE and nbytes[s]
+                                              and chan[s] in flows)):
+                pass  # a flow's end that moved since it was pushed, or one it moved back to (already retired)
+            else:
+                busy[unit[s]] = False
+                k = kind[s]
+                if k > _PLAN:
+                    if apply is not None and effects[s] is not None:
+                        apply(effects[s])
+                    if in_flow and s in in_flow:
+                        in_flow.discard(s)
+                        _reflow(dev, flows[chan[s]].leave(t, p, s))
+                    c = cmd_of[s]
+                    b = cbase[c]
+                    for y in lsucc[s]:
+                        u = b + y
                         left = remaining[u] - 1
                         remaining[u] = left
                         if not left:
                             heappush(ready_q[engine[u]], u)
                             rdy[u] = t
-                left = cmd_left[c] - 1
-                cmd_left[c] = left
-                if not left:
-                    completed[c] = True
-                    in_flight -= 1
-                    active.remove(c)
-                    final_stage[c] = s
-                    last_completion = (t, s)
-                    n_low = P.n_lowered
-                    while first_incomplete < n_low and completed[first_incomplete]:
-                        first_incomplete += 1
-                    if strict:
-                        if held_strict >= 0 and first_incomplete >= held_strict:
-                            h = held_strict
-                            held_strict = -1
-                            last_release = (t, s)
-                            _release(P, h, s, t, E)
-                    else:
-                        for h in waiters.pop(c, ()):
-                            held_count[h] -= 1
-                            if held_count[h] == 0:
-                                del held_count[h]
+                    x = xsucc[s]
+                    if x is not None:
+                        for u in x:
+                            left = remaining[u] - 1
+                            remaining[u] = left
+                            if not left:
+                                heappush(ready_q[engine[u]], u)
+                                rdy[u] = t
+                    left = cmd_left[c] - 1
+                    cmd_left[c] = left
+                    if not left:  # the command completes: it leaves the queue
+                        completed[c] = True
+                        P.in_flight -= 1
+                        active.remove(c)
+                        final_stage[c] = s
+                        P.last_completion = (t, s)
+                        f, n_low = P.first_incomplete, P.n_lowered
+                        while f < n_low and completed[f]:
+                            f += 1
+                        P.first_incomplete = f
+                        if strict:
+                            h = P.held_strict
+                            if h >= 0 and f >= h:
+                                P.held_strict = -1
+                                P.last_release = (t, s)
                                 _release(P, h, s, t, E)
-            elif k == _DISPATCH:
-                dispatched_end += 1
-            else:  # PLAN: hazard check against every earlier incomplete command
-                c = cmd_of[s]
-                rd, wr = reads[c], writes[c]
-                # active is in dispatch order (appended as dispatched, removed as completed): the commands before c
-                # come first. (A loop, not a comprehension: that would be a call of its own at every PLAN.)
-                hit = []
-                for o in active:
-                    if o >= c:
-                        break
-                    if conflicts(rd, wr, reads[o], writes[o]):
-                        hit.append(o)
-                if not hit:  # released at once: _release(P, c, -1, t, E) inlined (the loop's most frequent call)
-                    d = dispatch_seq[c]
-                    for y in lsucc[d + 1]:
-                        u = d + y
-                        left = remaining[u] - 1
-                        remaining[u] = left
-                        if not left:
-                            heappush(ready_q[engine[u]], u)
-                            rdy[u] = t
-                else:
-                    held.append(c)
-                    if strict:
-                        held_strict = c
+                        else:
+                            held_count = P.held_count
+                            for h in P.waiters.pop(c, ()):
+                                held_count[h] -= 1
+                                if held_count[h] == 0:
+                                    del held_count[h]
+                                    _release(P, h, s, t, E)
+                elif k == _DISPATCH:
+                    P.dispatched_end += 1
+                else:  # PLAN: hazard check against every earlier incomplete command
+                    c = cmd_of[s]
+                    rd, wr = reads[c], writes[c]
+                    # active is in dispatch order (appended as dispatched, removed as completed): the commands before c
+                    # come first. (A loop, not a comprehension: that would be a call of its own at every PLAN.)
+                    hit = []
+                    for o in active:
+                        if o >= c:
+                            break
+                        if conflicts(rd, wr, reads[o], writes[o]):
+                            hit.append(o)
+                    if not hit:  # released at once: _release(P, c, -1, t, E) inlined (the loop's most frequent call)
+                        d = dispatch_seq[c]
+                        for y in lsucc[d + 1]:
+                            u = d + y
+                            left = remaining[u] - 1
+                            remaining[u] = left
+                            if not left:
+                                heappush(ready_q[engine[u]], u)
+                                rdy[u] = t
                     else:
-                        hits.append(hit)
-                        held_count[c] = len(hit)
-                        for o in hit:
-                            waiters.setdefault(o, []).append(c)
-        # -- start what can start at t on this PE -------------------------------------------------------------
-        while not busy[0] and in_flight < depth:
-            c = next_dispatch
-            if c == P.n_lowered:
-                if cursor.done:
-                    if in_flight:
-                        break
-                    if len(P.launch_end) <= P.launch:
-                        _ended(dev, P, t)
-                    if not _next_launch(P, t):
-                        break
-                    cursor, apply = P.cursor, P.apply  # a fresh launch: its cursor and (data mode) its TCM
-                    continue
-                if P.opened < P.launch and not _open(dev, P, t):
-                    break  # it waits for a launch it is after (DESIGN.md §16)
-                if on_boundary is not None and cursor.at_boundary():
-                    P.next_dispatch, P.dispatched_end, P.next_plan = next_dispatch, dispatched_end, next_plan
-                    P.in_flight, P.first_incomplete, P.held_strict = in_flight, first_incomplete, held_strict
-                    P.last_completion, P.last_release = last_completion, last_release
-                    dev.t = t
-                    on_boundary(dev, P, t)
-                _lower(P, t, CHUNK if on_boundary is None else 1)
-                if E is not None:
-                    E.extend([] for _ in range(len(start) - len(E)))
+                        _hold(P, c, hit)
+            if not events or events[0][0] != t or not (single or events[0][1] >> PE_SHIFT == p):
+                break
+        t = yield
+
+
+def _hold(P: PeState, c: int, hit: list[int]) -> None:
+    """The PLAN of command ``c`` of ``P`` ended in conflict with the earlier commands ``hit``: hold ``c`` (under
+    ``strict_fifo``, the scheduler with it) until they complete."""
+    P.held.append(c)
+    if P.strict:
+        P.held_strict = c
+    else:
+        P.hits.append(hit)
+        P.held_count[c] = len(hit)
+        waiters = P.waiters
+        for o in hit:
+            waiters.setdefault(o, []).append(c)
+
+
+def _schedule(dev: DeviceState, P: PeState, on_boundary: Callable[..., Any] | None, E: list[list[int]] | None
+              ) -> Generator[None, int, None]:
+    """Schedule: at each instant ``t`` sent, start what can start on ``P`` then. The CPU dispatches the next command
+    (lowering it first, :func:`_lower_next`) unless its queue is full or a ``tl.wait`` holds it; the scheduler
+    plans the next dispatched command unless a ``strict_fifo`` hold stops it; each plan engine's free units,
+    lowest-numbered first, take its oldest ready stages (SimPy's resources: the topology's engine table), DMA
+    stages on a contended channel through the flow rule (:class:`~kbwork.device.flows.FlowChannel`)."""
+    events, table, ctab = dev.events, P.table, P.ctab
+    dur, chan, nbytes = table.dur, table.chan, table.nbytes
+    start, end, unit, busy, ready_q, active, completed, final_stage = (P.start, P.end, P.unit, P.busy, P.ready_q,
+                                                                       P.active, P.completed, P.final_stage)
+    dispatch_seq, waits = ctab.dispatch_seq, ctab.waits
+    depth, flows, in_flow, p = P.depth, P.flows, P.in_flow, P.pe
+    pkey = p << PE_SHIFT
+    # the plan engines: each of one unit, each of several, and the DMA units when its transfers start through the
+    # flow rule (a PE on contended channels)
+    walk_one: list[tuple[list[int], int]] = []
+    walk_many: list[tuple[list[int], tuple[int, ...]]] = []
+    dma_units: tuple[int, ...] = ()
+    u0 = 0
+    for e, spec in enumerate(P.engines):
+        units = tuple(range(u0, u0 + spec.capacity))
+        u0 += spec.capacity
+        if e == _DMA_ENGINE and flows:
+            dma_units = units
+        elif e >= 2:
+            (walk_one.append((ready_q[e], units[0])) if len(units) == 1
+             else walk_many.append((ready_q[e], units)))
+    dma_q = ready_q[_DMA_ENGINE] if flows else None
+    t = yield
+    while True:
+        while not busy[0] and P.in_flight < depth:  # the CPU: one DISPATCH at most
+            c = P.next_dispatch
+            if c == P.n_lowered and not _lower_next(dev, P, t, on_boundary, E):
+                break
             wc = waits[c]
             if wc and not all(completed[w] for w in wc):
                 break
@@ -596,30 +638,29 @@ def run(dev: DeviceState | PeState, apply: Callable[[object], None] | None = Non
                 when = 0
                 for w in wc:
                     when = max(when, end[final_stage[w]])
-                waited.append((c, when))
+                P.waited.append((c, when))
             if E is not None:
                 E[s].extend(final_stage[w] for w in wc)
-                if last_completion[0] == t:
-                    E[s].append(last_completion[1])
+                if P.last_completion[0] == t:
+                    E[s].append(P.last_completion[1])
             start[s] = t
             end[s] = te = t + dur[s]
             heappush(events, (te, pkey | s))
             busy[0] = True
-            in_flight += 1
+            P.in_flight += 1
             active.append(c)
-            next_dispatch += 1
+            P.next_dispatch = c + 1
             break
-        if not busy[1] and next_plan < dispatched_end and held_strict < 0:
-            s = dispatch_seq[next_plan] + 1
-            if E is not None and last_release[0] == t:
-                E[s].append(last_release[1])
+        if not busy[1] and P.next_plan < P.dispatched_end and P.held_strict < 0:  # the scheduler
+            s = dispatch_seq[P.next_plan] + 1
+            if E is not None and P.last_release[0] == t:
+                E[s].append(P.last_release[1])
             start[s] = t
             end[s] = te = t + dur[s]
             heappush(events, (te, pkey | s))
             busy[1] = True
-            next_plan += 1
-        # plan stages: each engine's free units, lowest-numbered first, take its oldest ready stages
-        for rq, u in walk_one:
+            P.next_plan += 1
+        for rq, u in walk_one:  # the plan engines
             if rq and not busy[u]:
                 s = heappop(rq)
                 start[s] = t
@@ -664,28 +705,50 @@ def run(dev: DeviceState | PeState, apply: Callable[[object], None] | None = Non
                                 heappush(events, (tj, pkey | JOIN | s))
                     if not dma_q:
                         break
+        t = yield
 
-    if P is not None:
-        P.next_dispatch, P.dispatched_end, P.next_plan = next_dispatch, dispatched_end, next_plan
-        P.in_flight, P.first_incomplete, P.held_strict = in_flight, first_incomplete, held_strict
-        P.last_completion, P.last_release = last_completion, last_release
-    dev.t = t
-    if not events:
-        for P in pes:
-            n_low = P.n_lowered
-            if not P.cursor.done or P.launch + 1 < len(P.launches) or P.next_dispatch < n_low \
-                    or P.first_incomplete < n_low:
-                stuck = P.next_dispatch if P.next_dispatch < n_low else P.first_incomplete
-                why, ctab = "", P.ctab
-                if stuck < n_low and ctab.waits[stuck]:
-                    why = (f" (it waits on command(s) {[ctab.cmd[w] for w in ctab.waits[stuck]]}; a tl.wait must "
-                           f"name an earlier command)")
-                if stuck >= n_low:
-                    raise SimulationError(f"the timeline stopped at cycle {t} with PE {P.pe}'s program unfinished: "
-                                          f"it deadlocks.")
-                raise SimulationError(f"the timeline stopped at cycle {t} with command #{ctab.cmd[stuck]} "
-                                      f"{ctab.label[stuck]!r} unfinished{why}: the program deadlocks.")
-    return t
+
+def _lower_next(dev: DeviceState, P: PeState, t: int, on_boundary: Callable[..., Any] | None,
+                E: list[list[int]] | None) -> bool:
+    """``P``'s CPU is free at ``t`` with room in its queue, and every lowered command is dispatched: lower the next
+    block of its program, after ending the running launch and starting the next one when the running one has
+    no command left (at an iteration boundary, the steady state's ``on_boundary`` first). False when nothing
+    can be dispatched now: the last commands are in flight, no launch is left, or the next one's gate is
+    closed."""
+    while P.cursor.done:
+        if P.in_flight:
+            return False
+        if len(P.launch_end) <= P.launch:
+            _ended(dev, P, t)
+        if not _next_launch(P, t):
+            return False
+    if P.opened < P.launch and not _open(dev, P, t):
+        return False  # it waits for a launch it is after (DESIGN.md §16)
+    if on_boundary is not None and P.cursor.at_boundary():
+        dev.t = t
+        on_boundary(dev, P, t)
+    _lower(P, t, CHUNK if on_boundary is None else 1)
+    if E is not None:
+        E.extend([] for _ in range(len(P.start) - len(E)))
+    return True
+
+
+def _check_finished(pes: list[PeState], t: int) -> None:
+    """The heap ran dry at ``t``: raise if some PE's program did not finish (it deadlocks)."""
+    for P in pes:
+        n_low = P.n_lowered
+        if not P.cursor.done or P.launch + 1 < len(P.launches) or P.next_dispatch < n_low \
+                or P.first_incomplete < n_low:
+            stuck = P.next_dispatch if P.next_dispatch < n_low else P.first_incomplete
+            why, ctab = "", P.ctab
+            if stuck < n_low and ctab.waits[stuck]:
+                why = (f" (it waits on command(s) {[ctab.cmd[w] for w in ctab.waits[stuck]]}; a tl.wait must "
+                       f"name an earlier command)")
+            if stuck >= n_low:
+                raise SimulationError(f"the timeline stopped at cycle {t} with PE {P.pe}'s program unfinished: "
+                                      f"it deadlocks.")
+            raise SimulationError(f"the timeline stopped at cycle {t} with command #{ctab.cmd[stuck]} "
+                                  f"{ctab.label[stuck]!r} unfinished{why}: the program deadlocks.")
 
 
 def _release(P: PeState, c: int, by: int, t: int, edges: list[list[int]] | None) -> None:
