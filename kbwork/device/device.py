@@ -12,7 +12,11 @@ only where sharing can slow a transfer (:func:`kbwork.device.flows.contended`). 
    alike on channels alike (:func:`group_key`), and gives a later such group the earlier one's records, named
    by its own bindings (:class:`Replica`);
 4. in timing mode, lets the steady state (:mod:`.steady`) insert whole periods of every loop, jointly
-   for the PEs of a group.
+   for the PEs of a group;
+5. in timing mode, runs a PE alone on its channels launch by launch, a launch equal to one simulated before
+   replicated (:func:`simulate_alone`), and a plan with ``after`` edges in two phases at a cut, the launches
+   that wait for no other PE's apart from the rest (:mod:`.cut`); a PE's records from several loops are joined
+   (:mod:`.join`).
 
 Every reduction gives the plain simulation's results; :class:`Reductions` says which ran.
 """
@@ -648,7 +652,8 @@ def _in_two_phases(programs: dict[int, list[Program]], topo, n: dict[int, int], 
         out[p] = join([out1[p], out2[p]]) if p in out1 and p in out2 else out1[p] if p in out1 else out2[p]
     red = Reductions(pes=len(programs), groups=red1.groups + red2.groups, simulated=red1.simulated + red2.simulated,
                      contended_channels=tuple(sorted(set(red1.contended_channels) | set(red2.contended_channels))),
-                     replicated_from=dict(red1.replicated_from), cut={p: (n[p], len(programs[p]) - n[p]) for p in sorted(programs)})
+                     replicated_from=dict(red1.replicated_from),
+                     cut={p: (n[p], len(programs[p]) - n[p]) for p in sorted(programs)})
     return out, red
 
 

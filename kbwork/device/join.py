@@ -132,7 +132,8 @@ class JoinedSchedule:
         self.table = JoinedTable([x.table for x in self._s], self._ns, self._nc)
 
     def __repr__(self) -> str:
-        return f"Schedule({self.n_commands} commands, {self.n_stages} stages, {self.topo.name}; in {len(self._s)} parts)"
+        return (f"Schedule({self.n_commands} commands, {self.n_stages} stages, {self.topo.name}; "
+                f"in {len(self._s)} parts)")
 
     @property
     def n_commands(self) -> int:
