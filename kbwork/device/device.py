@@ -619,7 +619,7 @@ def simulate_device(programs: dict[int, list[Program]], topo, tensors: Sequence[
         ValidationError: a PE writes bytes another PE reads or writes, and neither launch happens before the
             other.
     """
-    after = after if after and any(ds for rows in after.values() for ds in rows) else None
+    after = _any_edges(after)
     launch_uses = {pe: [uses_of([p]) for p in programs[pe]] for pe in programs}
     uses = {pe: merged(launch_uses[pe]) for pe in programs}
     if len(programs) > 1:  # isolation is between PEs: one PE's launches may share its bytes
@@ -631,6 +631,11 @@ def simulate_device(programs: dict[int, list[Program]], topo, tensors: Sequence[
         if worth_cutting(programs, n):
             return _in_two_phases(programs, topo, n, launch_uses, after, steady_state, why_full)
     return _simulate(programs, topo, uses, memories, steady_state, why_full, reduce, after)
+
+
+def _any_edges(deps: Deps | None) -> Deps | None:
+    """``deps`` when some launch has a dependency, else None (a plan without edges runs as before them)."""
+    return deps if deps and any(ds for rows in deps.values() for ds in rows) else None
 
 
 def _in_two_phases(programs: dict[int, list[Program]], topo, n: dict[int, int], launch_uses: dict[int, list[Uses]],
@@ -645,7 +650,7 @@ def _in_two_phases(programs: dict[int, list[Program]], topo, n: dict[int, int], 
                            why_full, True, None)
     rest, deps, begins, gates, offsets = second_phase(programs, n, out1, after, topo.sync_cycles)
     out2, red2 = _simulate(rest, topo, {p: merged(launch_uses[p][n[p]:]) for p in rest}, None, steady_state,
-                           why_full, True, deps if any(ds for rows in deps.values() for ds in rows) else None,
+                           why_full, True, _any_edges(deps),
                            begins=begins, gates=gates, offsets=offsets)
     out = {}
     for p in sorted(programs):

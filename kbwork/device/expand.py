@@ -37,7 +37,7 @@ from ..pe.scheduler import Program, Schedule, _spans_at
 from ..pe.stages import RawStageTable
 from ..pe.tiling import generate_plan_from_ops
 from ..symbolic import Index
-from .records import FrontEnd, Timeline, dispatch_ready, front_end
+from .records import FrontEnd, LazyRows, Timeline, dispatch_ready, front_end
 
 
 def _grow(a: np.ndarray, ins: Sequence, lo: Callable, hi: Callable, delta: Callable, moves_rest: bool = True,
@@ -267,8 +267,10 @@ class ExpandedTable:
         return f"seq {s} (simulated as {q}): " + self._t.describe(q).split(": ", 1)[1]
 
 
-class _ExpandedPreds(Sequence):
+class _ExpandedPreds(LazyRows):
     """Every stage's dependencies in the full run, made on access from the simulated ones."""
+
+    what = "stage"
 
     def __init__(self, ex: Expansion):
         self._ex = ex
@@ -277,13 +279,7 @@ class _ExpandedPreds(Sequence):
     def __len__(self) -> int:
         return self._ex.n_stages
 
-    def __getitem__(self, s: Any) -> Any:
-        if isinstance(s, slice):
-            return [self[i] for i in range(*s.indices(len(self)))]
-        if s < 0:
-            s += len(self)
-        if not 0 <= s < len(self):
-            raise IndexError(f"stage {s} out of range ({len(self)} stages)")
+    def _at(self, s: int) -> tuple[int, ...]:
         q, ds, _, _ = self._ex.stage(s)
         return tuple(p + ds for p in self._p[q])
 

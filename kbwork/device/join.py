@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 from pandas.api.types import union_categoricals
 
-from .records import FrontEnd, dispatch_ready, front_end
+from .records import FrontEnd, LazyRows, dispatch_ready, front_end
 from .steady import SteadyState, _Concat
 
 
@@ -93,8 +93,10 @@ class JoinedTable:
         return f"seq {s} (part {k}, {q} there): " + self._t[k].describe(q).split(": ", 1)[1]
 
 
-class _JoinedPreds(Sequence):
+class _JoinedPreds(LazyRows):
     """Every stage's static dependencies in the joined numbering (made on access)."""
+
+    what = "stage"
 
     def __init__(self, parts: Sequence[Sequence], ns: Sequence[int]):
         self._p, self._ns = parts, ns
@@ -102,13 +104,7 @@ class _JoinedPreds(Sequence):
     def __len__(self) -> int:
         return self._ns[-1]
 
-    def __getitem__(self, s: Any) -> Any:
-        if isinstance(s, slice):
-            return [self[i] for i in range(*s.indices(len(self)))]
-        if s < 0:
-            s += len(self)
-        if not 0 <= s < len(self):
-            raise IndexError(f"stage {s} out of range ({len(self)} stages)")
+    def _at(self, s: int) -> tuple[int, ...]:
         k = bisect.bisect_right(self._ns, s) - 1
         off = self._ns[k]
         return tuple(p + off for p in self._p[k][s - off]) if off else self._p[k][s]

@@ -108,6 +108,28 @@ def ints(values: Sequence[int]) -> np.ndarray:
     return np.fromiter(values, dtype=np.int64, count=len(values))
 
 
+class LazyRows(Sequence):
+    """A sequence whose items are made on access, as a list is indexed: ints, negative ints and slices, an
+    ``IndexError`` past the end. A subclass gives ``__len__`` and ``_at(i)`` for ``0 <= i < len``. (The records
+    of a run that are never built whole: a steady run's or a joined run's dependencies, several launches'
+    commands.)"""
+
+    what = "item"
+
+    def _at(self, i: int) -> Any:
+        raise NotImplementedError
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self._at(x) for x in range(*i.indices(len(self)))]
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"{self.what} {i} out of range ({n} {self.what}s)")
+        return self._at(i)
+
+
 def front_end(prog, d: np.ndarray, start: np.ndarray, end: np.ndarray, done: np.ndarray, held: np.ndarray,
               release: np.ndarray, strict: bool, waited: Sequence[tuple[int, int]],
               launches: Sequence[tuple[int, int]] = (), afters: Sequence[tuple[int, int]] = ()) -> FrontEnd:

@@ -52,6 +52,7 @@ accelerated one after another.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -62,7 +63,7 @@ from ..errors import ValidationError
 from ..pe.program import Loop
 from ..pe.scheduler import Program, Schedule, _spans_at
 from .loop import JOIN, MASK, PE_SHIFT, WAKE, DeviceState, PeState, new_pe, run
-from .records import Timeline, schedule_of, timeline_of
+from .records import LazyRows, Timeline, schedule_of, timeline_of
 
 #: The device steady state's sampling PE keeps its role through this many of its boundaries in a row that find
 #: some PE not at one (:class:`GroupSteady`).
@@ -455,8 +456,10 @@ def _finish(pe: PeState, progs: Sequence[Program], insertions: Sequence["Inserti
     return xt, xs, state
 
 
-class _Concat(Sequence):
+class _Concat(LazyRows):
     """The commands of several launches, one after another (each launch's own sequence, instantiated on access)."""
+
+    what = "command"
 
     def __init__(self, parts: Sequence[Sequence]):
         self._parts = list(parts)
@@ -467,15 +470,7 @@ class _Concat(Sequence):
     def __len__(self) -> int:
         return self._starts[-1]
 
-    def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice):
-            return [self[x] for x in range(*i.indices(len(self)))]
-        if i < 0:
-            i += len(self)
-        if not 0 <= i < len(self):
-            raise IndexError(f"command {i} out of range ({len(self)} commands)")
-        import bisect
-
+    def _at(self, i: int) -> Any:
         k = bisect.bisect_right(self._starts, i) - 1
         return self._parts[k][i - self._starts[k]]
 
