@@ -303,8 +303,10 @@ def _flatten(doc: dict[str, Any], path: str) -> dict[str, Any]:
 def load_topology(name_or_path: str | os.PathLike[str] | Topology | None = None, **overrides: Any) -> Topology:
     """Load a topology and apply flat keyword overrides.
 
-    The file is read and parsed on every call (a few hundred microseconds):
-    nothing is cached, so an edited file is always what you get.
+    The file is read on every call, so an edited file is always what you get;
+    it is parsed and validated only when its bytes differ from every earlier
+    read of that path (:func:`_load_file`'s cache is keyed by the path and the
+    file's content, and holds frozen Topologies only).
 
     Args:
         name_or_path: ``None`` for the default ``ahbm-pe-v1``, a name of a file in
@@ -361,8 +363,9 @@ def exists_quietly(path: Path) -> bool:
 
 
 def read_toml_file(path: Path, what: str, name: str, known: Callable[[], Iterable[str]],
-                   known_as: str) -> dict[str, Any]:
-    """Read and parse one TOML file (a topology, model or host file): its document.
+                   known_as: str, *, parse: bool = True) -> Any:
+    """Read and parse one TOML file (a topology, model or host file): its document (``parse=False``: its text,
+    for :func:`parse_toml` to parse).
 
     ``what`` names the kind of file in messages, ``name`` is what the caller asked for, ``known()`` the
     built-in names and ``known_as`` their plural ("topologies"), for a file that is not found (asked only
@@ -396,19 +399,48 @@ def read_toml_file(path: Path, what: str, name: str, known: Callable[[], Iterabl
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not a UTF-8 text file (byte {exc.start} is {raw[exc.start]:#04x}); "
                           f"TOML files must be UTF-8.") from None
+    if not parse:
+        return text
+    return parse_toml(text, path)
+
+
+def parse_toml(text: str, path: Path) -> dict[str, Any]:
+    """``text``, the content of the file ``path``, as a TOML document.
+
+    Raises:
+        ConfigError: naming the file, when the text is not valid TOML.
+    """
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
 
 
+#: Topologies already made from a file, by (absolute path, content): parsing and validating a file is most of
+#: a short run's set-up, and a Topology is frozen, so one made from the same bytes at the same path serves.
+_LOADED: dict[tuple[str, str], Topology] = {}
+_LOADED_MAX = 64
+
+
 def _load_file(path: Path, name: str) -> Topology:
-    """Read, parse and validate one topology file.
+    """Read, parse and validate one topology file (parsed again only when its path or content is new).
 
     Raises:
         ConfigError: naming the file, for every way reading it can fail.
     """
-    doc = read_toml_file(path, "topology", name, lambda: sorted(_BUILTIN_PATHS), "topologies")
+    text = read_toml_file(path, "topology", name, lambda: sorted(_BUILTIN_PATHS), "topologies", parse=False)
+    key = (os.path.abspath(path), text)
+    hit = _LOADED.get(key)
+    if hit is not None:
+        return hit
+    topo = _make_topology(parse_toml(text, path), path)
+    if len(_LOADED) >= _LOADED_MAX:  # the oldest goes first (dicts keep insertion order)
+        del _LOADED[next(iter(_LOADED))]
+    _LOADED[key] = topo
+    return topo
+
+
+def _make_topology(doc: dict[str, Any], path: Path) -> Topology:
     flat = _flatten(doc, str(path))
     _check_keys(flat, where=str(path))
     # a file that names no machine is that file's: its keys over the defaults, not ahbm-pe-v1 itself

@@ -273,6 +273,26 @@ def test_topology_from_a_toml_path(tmp_path):
     assert kbwork.load_topology(unnamed, name="other").name == "other"
 
 
+def test_a_topology_file_is_read_every_time_and_parsed_again_only_when_it_changed(tmp_path):
+    path = tmp_path / "edited.toml"
+    path.write_text("[dispatch]\nfixed_cycles = 10\n")
+    first = kbwork.load_topology(path)
+    assert kbwork.load_topology(path) is first  # the same bytes at the same path: the same frozen Topology
+    path.write_text("[dispatch]\nfixed_cycles = 11\n")
+    assert kbwork.load_topology(path).fixed_cycles == 11  # an edited file is what you get
+    path.write_text("[dispatch]\nfixed_cycles = [")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        kbwork.load_topology(path)
+    path.write_text("[dispatch]\nfixed_cycles = 10\n")
+    assert kbwork.load_topology(path) == first
+    other = tmp_path / "other.toml"  # another path with the same bytes: named after itself
+    other.write_text(path.read_text())
+    assert kbwork.load_topology(other).name == "other" and kbwork.load_topology(path).name == "edited"
+    path.unlink()
+    with pytest.raises(ConfigError, match="no such file"):
+        kbwork.load_topology(path)
+
+
 @pytest.mark.parametrize("overrides,key", [
     (dict(fixed_cycle=80), "fixed_cycle"),
     (dict(tile_size=64), "tile_size"),
