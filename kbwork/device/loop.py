@@ -7,12 +7,12 @@ unit start the ready stage with the lowest seq (oldest first). Nothing
 depends on dict or set iteration order.
 
 :func:`run` reads as SimPy's ``step()``: it takes the next instant and the
-PE whose event comes out first, and hands the instant to that PE's two
-phases, :func:`_retire` (pop its events of the instant and apply them) and
-:func:`_schedule` (start what can start). A PE's whole state is its record,
-:class:`PeState`; the phases are generators over it (:func:`_process`), each
-binding the lists it works on once per run, since a turn is most often a
-single event and a plain call per turn would bind them at every event.
+PE whose event comes out first, and hands the instant to that PE's process,
+:func:`_turns`: its two phases, apply (pop its events of the instant and
+apply them) then schedule (start what can start). A PE's whole state is its
+record, :class:`PeState`; the process is a generator over it, binding the
+lists it works on once per run, since a turn is most often a single event
+and a plain call per turn would bind them at every event.
 
 The units come from the topology's engine table (``pe.stages.engine_table``,
 SimPy's ``Resource(env, capacity)``): each engine is a resource with a
@@ -393,9 +393,8 @@ def run(dev: DeviceState | PeState, apply: Callable[[object], None] | None = Non
     return the last cycle processed.
 
     The loop is SimPy's ``step()``, a turn at a time: the next instant and the PE whose event comes out first;
-    pop its events of that instant and apply them (``retire``); then schedule what can start then
-    (``schedule``): the two phases of the PE's process (:func:`_process`), which read and write its record,
-    :class:`PeState`.
+    pop its events of that instant and apply them; then schedule what can start then: the two phases of the
+    PE's process (:func:`_turns`), which read and write its record, :class:`PeState`.
 
     Args:
         dev: the device (:func:`device`), or one PE (:func:`new_pe`: it is made a device of one), at cycle 0 or
@@ -425,8 +424,7 @@ def run(dev: DeviceState | PeState, apply: Callable[[object], None] | None = Non
     events, pes = dev.events, dev.pes
     # one PE: every event is its own (its keys are plain seqs); no contended channel: every end is final
     single, flowing = len(pes) == 1, bool(dev.channels)
-    retires: list = [None] * len(pes)  # each PE's phases (:func:`_process`), made at its first turn
-    schedules: list = [None] * len(pes)
+    turns: list = [None] * len(pes)  # each PE's process (:func:`_process`), made at its first turn
     t = dev.t
     per_pe = edges if isinstance(edges, dict) else ({0: edges} if edges is not None else None)
     if per_pe is not None and len(pes) > 1 and not isinstance(edges, dict):
@@ -434,6 +432,21 @@ def run(dev: DeviceState | PeState, apply: Callable[[object], None] | None = Non
     if per_pe is not None:
         for p, lst in per_pe.items():
             lst.extend([] for _ in range(len(pes[p].start) - len(lst)))
+    if single:  # one PE: every event is its own, and its process is made once
+        if events:
+            turn = _process(dev, pes[0], single, flowing, on_boundary,
+                            None if per_pe is None else per_pe.setdefault(0, []))
+            while True:  # (see below)
+                if not events:
+                    break
+                t = events[0][0]
+                if until is not None and t > until:
+                    break
+                turn(t)
+        dev.t = t
+        if not events:
+            _check_finished(pes, t)
+        return t
     while True:  # (not ``while events``: CPython 3.11 warms a function up for specializing at an unconditional
         if not events:  # backward jump, and run is called once per simulation)
             break
@@ -441,13 +454,11 @@ def run(dev: DeviceState | PeState, apply: Callable[[object], None] | None = Non
         if until is not None and t > until:
             break
         p = key >> PE_SHIFT
-        retire = retires[p]
-        if retire is None:
-            retire, schedules[p] = _process(dev, pes[p], single, flowing, on_boundary,
-                                            None if per_pe is None else per_pe.setdefault(p, []))
-            retires[p] = retire
-        retire(t)
-        schedules[p](t)
+        turn = turns[p]
+        if turn is None:
+            turn = turns[p] = _process(dev, pes[p], single, flowing, on_boundary,
+                                       None if per_pe is None else per_pe.setdefault(p, []))
+        turn(t)
     dev.t = t
     if not events:
         _check_finished(pes, t)
@@ -455,31 +466,38 @@ def run(dev: DeviceState | PeState, apply: Callable[[object], None] | None = Non
 
 
 def _process(dev: DeviceState, P: PeState, single: bool, flowing: bool, on_boundary: Callable[..., Any] | None,
-             E: list[list[int]] | None) -> tuple[Callable[[int], Any], Callable[[int], Any]]:
-    """PE ``P``'s process (SimPy's): its two phases, ``retire(t)`` (:func:`_retire`) and ``schedule(t)``
-    (:func:`_schedule`), each called at every instant the loop turns to ``P``. ``E``: ``P``'s dynamic edges, if
-    recorded.
+             E: list[list[int]] | None) -> Callable[[int], Any]:
+    """PE ``P``'s process (SimPy's): ``turn(t)``, called at every instant the loop turns to ``P``, runs its two
+    phases, apply then schedule (:func:`_turns`). ``E``: ``P``'s dynamic edges, if recorded.
 
-    Each phase is a generator that binds the lists it works on once and then handles one instant per ``send``:
+    The process is a generator that binds the lists it works on once and then handles one instant per ``send``:
     its locals live as long as the run, so a turn costs no binding and no frame set-up (a plain call per turn
     would, for every local). The lists are the objects themselves, which the phases change in place and nothing
     replaces while the loop runs; the counters are read and written in ``P``'s record, where the steady state
     reads them."""
     if E is not None:
         E.extend([] for _ in range(len(P.start) - len(E)))
-    retire, schedule = _retire(dev, P, single, flowing, E), _schedule(dev, P, on_boundary, E)
-    next(retire)
-    next(schedule)
-    return retire.send, schedule.send
+    turn = _turns(dev, P, single, flowing, on_boundary, E)
+    next(turn)
+    return turn.send
 
 
-def _retire(dev: DeviceState, P: PeState, single: bool, flowing: bool, E: list[list[int]] | None
-            ) -> Generator[None, int, None]:
-    """Apply: at each instant ``t`` sent, pop every event of ``P`` at ``t`` and apply it, in seq order. A stage's
-    end frees its unit; a plan stage's applies its effect (data mode), leaves its flow, notifies its successors
-    and may complete its command (releasing the commands held behind it); a DISPATCH's counts; a PLAN's checks
-    the command against every earlier one not yet complete, and releases it or holds it (:func:`_hold`). A flow
-    reaching its data phase joins its channel; a wake-up only brings ``P`` to :func:`_schedule`."""
+def _turns(dev: DeviceState, P: PeState, single: bool, flowing: bool, on_boundary: Callable[..., Any] | None,
+           E: list[list[int]] | None) -> Generator[None, int, None]:
+    """PE ``P``'s process: at each instant ``t`` sent, its two phases, one after the other.
+
+    **Apply**: pop every event of ``P`` at ``t`` and apply it, in seq order. A stage's end frees its unit; a
+    plan stage's applies its effect (data mode), leaves its flow, notifies its successors and may complete its
+    command (releasing the commands held behind it); a DISPATCH's counts; a PLAN's checks the command against
+    every earlier one not yet complete, and releases it or holds it (:func:`_hold`). A flow reaching its data
+    phase joins its channel; a wake-up only brings ``P`` to the second phase.
+
+    **Schedule**: start what can start on ``P`` then. The CPU dispatches the next command (lowering it first,
+    :func:`_lower_next`) unless its queue is full or a ``tl.wait`` holds it; the scheduler plans the next
+    dispatched command unless a ``strict_fifo`` hold stops it; each plan engine's free units, lowest-numbered
+    first, take its oldest ready stages (SimPy's resources: the topology's engine table), DMA stages on a
+    contended channel through the flow rule (:class:`~kbwork.device.flows.FlowChannel`)."""
+    # bound once per run, for both phases (the lists themselves, which they change in place)
     events, table = dev.events, P.table
     kind, engine, cmd_of, effects, cbase, lsucc, chan, nbytes = (table.kind, table.engine, table.cmd, table.effects,
                                                                  table.cbase, table.lsucc, table.chan, table.nbytes)
@@ -489,8 +507,26 @@ def _retire(dev: DeviceState, P: PeState, single: bool, flowing: bool, E: list[l
     ctab = P.ctab
     dispatch_seq, reads, writes = ctab.dispatch_seq, ctab.reads, ctab.writes
     strict, flows, in_flow, p = P.strict, P.flows, P.in_flow, P.pe
+    # and what only the schedule phase reads
+    dur, start, waits, depth, pkey = table.dur, P.start, ctab.waits, P.depth, p << PE_SHIFT
+    # the plan engines: each of one unit, each of several, and the DMA units when its transfers start through the
+    # flow rule (a PE on contended channels)
+    walk_one: list[tuple[list[int], int]] = []
+    walk_many: list[tuple[list[int], tuple[int, ...]]] = []
+    dma_units: tuple[int, ...] = ()
+    u0 = 0
+    for e, spec in enumerate(P.engines):
+        units = tuple(range(u0, u0 + spec.capacity))
+        u0 += spec.capacity
+        if e == _DMA_ENGINE and flows:
+            dma_units = units
+        elif e >= 2:
+            (walk_one.append((ready_q[e], units[0])) if len(units) == 1
+             else walk_many.append((ready_q[e], units)))
+    dma_q = ready_q[_DMA_ENGINE] if flows else None
     t = yield
-    while True:  # a turn: the first event is P's at t (run looked); then as long as the next one is
+    while True:  # a turn
+        # --- apply: the first event is P's at t (run looked); then as long as the next one is
         apply = P.apply  # the running launch's executor (data mode): a new launch brings its own
         while True:
             s = heappop(events)[1] & MASK
@@ -578,54 +614,7 @@ def _retire(dev: DeviceState, P: PeState, single: bool, flowing: bool, E: list[l
                         _hold(P, c, hit)
             if not events or events[0][0] != t or not (single or events[0][1] >> PE_SHIFT == p):
                 break
-        t = yield
-
-
-def _hold(P: PeState, c: int, hit: list[int]) -> None:
-    """The PLAN of command ``c`` of ``P`` ended in conflict with the earlier commands ``hit``: hold ``c`` (under
-    ``strict_fifo``, the scheduler with it) until they complete."""
-    P.held.append(c)
-    if P.strict:
-        P.held_strict = c
-    else:
-        P.hits.append(hit)
-        P.held_count[c] = len(hit)
-        waiters = P.waiters
-        for o in hit:
-            waiters.setdefault(o, []).append(c)
-
-
-def _schedule(dev: DeviceState, P: PeState, on_boundary: Callable[..., Any] | None, E: list[list[int]] | None
-              ) -> Generator[None, int, None]:
-    """Schedule: at each instant ``t`` sent, start what can start on ``P`` then. The CPU dispatches the next command
-    (lowering it first, :func:`_lower_next`) unless its queue is full or a ``tl.wait`` holds it; the scheduler
-    plans the next dispatched command unless a ``strict_fifo`` hold stops it; each plan engine's free units,
-    lowest-numbered first, take its oldest ready stages (SimPy's resources: the topology's engine table), DMA
-    stages on a contended channel through the flow rule (:class:`~kbwork.device.flows.FlowChannel`)."""
-    events, table, ctab = dev.events, P.table, P.ctab
-    dur, chan, nbytes = table.dur, table.chan, table.nbytes
-    start, end, unit, busy, ready_q, active, completed, final_stage = (P.start, P.end, P.unit, P.busy, P.ready_q,
-                                                                       P.active, P.completed, P.final_stage)
-    dispatch_seq, waits = ctab.dispatch_seq, ctab.waits
-    depth, flows, in_flow, p = P.depth, P.flows, P.in_flow, P.pe
-    pkey = p << PE_SHIFT
-    # the plan engines: each of one unit, each of several, and the DMA units when its transfers start through the
-    # flow rule (a PE on contended channels)
-    walk_one: list[tuple[list[int], int]] = []
-    walk_many: list[tuple[list[int], tuple[int, ...]]] = []
-    dma_units: tuple[int, ...] = ()
-    u0 = 0
-    for e, spec in enumerate(P.engines):
-        units = tuple(range(u0, u0 + spec.capacity))
-        u0 += spec.capacity
-        if e == _DMA_ENGINE and flows:
-            dma_units = units
-        elif e >= 2:
-            (walk_one.append((ready_q[e], units[0])) if len(units) == 1
-             else walk_many.append((ready_q[e], units)))
-    dma_q = ready_q[_DMA_ENGINE] if flows else None
-    t = yield
-    while True:
+        # --- schedule
         while not busy[0] and P.in_flight < depth:  # the CPU: one DISPATCH at most
             c = P.next_dispatch
             if c == P.n_lowered and not _lower_next(dev, P, t, on_boundary, E):
@@ -706,6 +695,20 @@ def _schedule(dev: DeviceState, P: PeState, on_boundary: Callable[..., Any] | No
                     if not dma_q:
                         break
         t = yield
+
+
+def _hold(P: PeState, c: int, hit: list[int]) -> None:
+    """The PLAN of command ``c`` of ``P`` ended in conflict with the earlier commands ``hit``: hold ``c`` (under
+    ``strict_fifo``, the scheduler with it) until they complete."""
+    P.held.append(c)
+    if P.strict:
+        P.held_strict = c
+    else:
+        P.hits.append(hit)
+        P.held_count[c] = len(hit)
+        waiters = P.waiters
+        for o in hit:
+            waiters.setdefault(o, []).append(c)
 
 
 def _lower_next(dev: DeviceState, P: PeState, t: int, on_boundary: Callable[..., Any] | None,
