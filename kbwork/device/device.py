@@ -26,6 +26,7 @@ from __future__ import annotations
 import bisect
 import functools
 import operator
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -412,6 +413,13 @@ def group_key(group: Sequence[int], programs: dict[int, Sequence[Program]], shar
     return tuple(key), tuple(channel_ids)
 
 
+def _traces_of(group: Sequence[int], programs: dict[int, Sequence[Program]]) -> tuple:
+    """What two groups with equal :func:`group_key` s have equal, cheaply: each PE's launches' trace ids (a
+    launch bound from no trace counts as its own)."""
+    return tuple(tuple(id(p) if p.trace.binding is None else p.trace.binding.trace_id for p in programs[pe])
+                 for pe in group)
+
+
 def flow_channels(shared: dict[int, int], topo) -> dict[int, FlowChannel]:
     """A :class:`FlowChannel` for every contended channel."""
     rate = topo.channel_fraction
@@ -715,8 +723,11 @@ def _simulate(programs: dict[int, list[Program]], topo, uses: dict[int, Uses], m
     seen: dict[tuple, tuple[list[int], tuple[int, ...]]] = {}
     # replication needs a second group to replicate to; data mode computes every PE's numbers
     keyed = memories is None and reduce and len(grouped) > 1
+    if keyed:  # only a group whose traces, PE by PE, another group also has can be replicated or replicate one
+        alike = Counter(_traces_of(group, programs) for group in grouped)
     for group in grouped:
-        key, chans = group_key(group, programs, shared, after) if keyed else (None, ())
+        key, chans = group_key(group, programs, shared, after) \
+            if keyed and alike[_traces_of(group, programs)] > 1 else (None, ())
         if key is not None and begins is not None:  # a second phase: alike only if it goes on from the same cycles
             key = (key, tuple((begins[pe], tuple(gates[pe]), offsets[pe]) for pe in group))
         hit = seen.get(key) if key is not None else None

@@ -343,7 +343,10 @@ class Traced:
         """Every name and label the trace holds that no binding changes: its own buffers' names, the labels
         its kernel wrote (what a replica's names must not be mistaken for)."""
         leaf = {id(x) for x in self.leaves}
-        texts = {h.name for h in handles_of(self.trace) if not self._made_from(h, leaf)}
+        handles: dict[int, Handle] = {}  # each handle once (commands share them)
+        for h in handles_of(self.trace):
+            handles.setdefault(id(h), h)
+        texts = {h.name for h in handles.values() if not self._made_from(h, leaf)}
         texts |= {c.label for c in commands_of(self.trace) if c.__class__ is not DmaCmd or c.auto_label is None}
         return tuple(texts)
 
