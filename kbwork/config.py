@@ -416,9 +416,9 @@ def parse_toml(text: str, path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
 
 
-#: Topologies already made from a file, by (absolute path, content): parsing and validating a file is most of
+#: Topologies already made from a file, by (absolute path, content, class, key table): parsing and validating a file is most of
 #: a short run's set-up, and a Topology is frozen, so one made from the same bytes at the same path serves.
-_LOADED: dict[tuple[str, str], Topology] = {}
+_LOADED: dict[tuple, Topology] = {}
 _LOADED_MAX = 64
 
 
@@ -429,7 +429,8 @@ def _load_file(path: Path, name: str) -> Topology:
         ConfigError: naming the file, for every way reading it can fail.
     """
     text = read_toml_file(path, "topology", name, lambda: sorted(_BUILTIN_PATHS), "topologies", parse=False)
-    key = (os.path.abspath(path), text)
+    # (the class and the key table too: a Topology is made from the file by both, and a test may widen them)
+    key = (os.path.abspath(path), text, Topology, _keys.TOPOLOGY)
     hit = _LOADED.get(key)
     if hit is not None:
         return hit
