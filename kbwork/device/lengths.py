@@ -218,10 +218,11 @@ def _handle(h: Handle, place: _Place, shift: dict[int, int]) -> tuple:
 
 
 def _prefix(p: Any) -> tuple:
+    """A named buffer's prefix (what names it, never where it is: its bytes are the buffer's own)."""
     if p is None:
         return ()
     if isinstance(p, LoopHandle):
-        return ("handle", p.kind, p.span, _prefix(p.prefix), p.suffix)
+        return ("handle", p.kind, _prefix(p.prefix), p.suffix)
     return ("cmd", p.stem)
 
 
