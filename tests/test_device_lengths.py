@@ -248,3 +248,17 @@ def test_records_taken_from_another_length_are_the_launchs_own(make):
         assert taken is not None
         assert _records(taken) == _records(simulate_pe([b]))
     assert from_other_length(_programs(sim, [make(sim, 31)])[0], [src], ka[1]) is None  # not a whole period on
+
+
+def test_a_loop_taken_at_another_count_passes_the_static_rule_there():
+    """The steady state's static rule reads a loop's count; every loop a launch of the random cases ran at
+    another length's records passes it at its own count (what the key's refusals guarantee)."""
+    from kbwork.device.steady import shift_invariant
+
+    sim = _sim()
+    launches = [_decode(sim, f"d{n}{v}", n, variant=v) for n in (3, 9, 30) for v in sorted(gq.VARIANTS)]
+    launches += [_decode(sim, f"p{n}", n, partial=True) for n in (4, 17)]
+    launches += [_stream(sim, f"s{n}{op}", n, op=op) for n in (2, 5, 40) for op in ("direct", "copy")]
+    for prog in _programs(sim, launches):
+        assert length_key(prog) is not None
+        assert all(shift_invariant(prog, lp) is None for lp in prog.loops)

@@ -24,9 +24,13 @@ the last tile of a longer K reads the tile after the loop's, as the shorter one'
 — slices of a written tensor that move with the loop beside ones that do not, two strides over one tensor, a
 TCM slice that moves, a ``tl.wait`` into a loop from outside it — there is no key and the launch is simulated.
 
-A hit is taken only when every loop A accelerated keeps ``(m - n) % p == 0`` and ``k' >= 1`` and is still
-shift-invariant at B's count (:func:`.steady.shift_invariant` reads the count), and every other loop has A's
-count; otherwise B is simulated.
+A hit is taken only when every loop A accelerated keeps ``(m - n) % p == 0`` and ``k' >= 1``, and every other
+loop has A's count; otherwise B is simulated. The steady state's static rule (:func:`.steady.shift_invariant`)
+reads a loop's count, but only where a range that moves with the loop meets another in some iterations and not
+in others, one of them written; the key leaves no such pair whose verdict the count could change: a TCM slice
+that moves has no key, a slice and a fixed range of one written tensor in one body have none, two strides over
+one tensor have none, and ranges of different tensors never meet (a tensor holds its slices at every iteration,
+which ``tl.range`` slicing checks at the first and the last). So B's loops pass the rule as A's did.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from ..pe.stages import RawStageTable
 from ..pe.tiling import generate_plan_from_ops
 from ..symbolic import Index
 from .expand import ExpandedSchedule, ExpandedTimeline, _stage_names, expand
-from .steady import Insertion, SteadyState, shift_invariant, steady_outcome
+from .steady import Insertion, SteadyState, steady_outcome
 
 
 class _NoKey(Exception):
@@ -121,8 +125,15 @@ def _describe(traced: Any) -> tuple:
     start_of: dict[int, tuple[int, int]] = {}  # a plain command's id -> (segment, place in it)
     out = []
 
+    seen: dict[int, tuple] = {}  # id(handle) -> its description, until a loop moves the offsets on
+
     def hd(h: Any) -> Any:
-        return None if h is None else _handle(h, place, shift)
+        if h is None:
+            return None
+        got = seen.get(id(h))
+        if got is None:
+            got = seen[id(h)] = _handle(h, place, shift)
+        return got
     for g, seg in enumerate(segs):
         if isinstance(seg, Plain):
             for x in range(len(seg.commands)):
@@ -143,13 +154,37 @@ def _describe(traced: Any) -> tuple:
                         tuple(_command(c, hd) for c in seg.body)))
             for t, strides in moving[g].items():
                 shift[t] = shift.get(t, 0) + seg.iterations * next(iter(strides))
+            seen.clear()
     waits = []
     for before, target in trace.plain_waits:
         if before not in start_of or target not in start_of:
             raise _NoKey  # a wait that holds or names a loop's command
         waits.append((start_of[before], start_of[target]))
     out.append(("waits", tuple(waits)))
-    return tuple(out)
+    try:
+        return _Hashed(tuple(out))
+    except TypeError:
+        raise _NoKey from None  # a scalar that does not hash
+
+
+class _Hashed:
+    """A trace's description, hashed once (a launch's key is looked up more than once, and the description of a
+    decode holds a few hundred handles)."""
+
+    __slots__ = ("value", "_hash")
+
+    def __init__(self, value: tuple):
+        self.value, self._hash = value, hash(value)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (other.__class__ is _Hashed and self._hash == other._hash
+                                 and self.value == other.value)
+
+    def __repr__(self) -> str:
+        return f"_Hashed({self.value!r})"
 
 
 def _handles(cmd: Any) -> list[tuple[Any, bool]]:
@@ -242,12 +277,7 @@ def _command(cmd: Any, hd: Any) -> tuple:
         return head + (hd(cmd.src), hd(cmd.dst))
     ops = tuple((op.kind, op.scope, tuple((n, hd(h)) for n, h in op.operands.items()),
                  tuple((n, _extra(v)) for n, v in op.extra.items()), hd(op.out)) for op in cmd.ops)
-    key = head + (ops, tuple(hd(h) for h in cmd.rw_handles), cmd.data_op, tuple(hd(h) for h in cmd.scratch))
-    try:
-        hash(key)
-    except TypeError:
-        raise _NoKey from None  # a scalar that does not hash
-    return key
+    return head + (ops, tuple(hd(h) for h in cmd.rw_handles), cmd.data_op, tuple(hd(h) for h in cmd.scratch))
 
 
 # --- taking another length's records ------------------------------------------------------------------------------
@@ -300,8 +330,6 @@ def _rebound(src: Source, prog: Program, chans: tuple[int, ...]) -> tuple | None
             continue
         if x.loop is not la or d % x.p or x.k + d // x.p < 1:
             return None
-        if shift_invariant(prog, lb) is not None:
-            return None  # (the rule reads the count: at this one the hazards vary)
         new_ins.append(Insertion(lb, x.i1, x.i2, x.c1, x.c2, x.s1, x.s2, x.t1, x.t2, x.k + d // x.p, prog))
     lines = _loop_lines(state, ins, new_ins)
     if lines is None:
