@@ -14,9 +14,10 @@ only where sharing can slow a transfer (:func:`kbwork.device.flows.contended`). 
 4. in timing mode, lets the steady state (:mod:`.steady`) insert whole periods of every loop, jointly
    for the PEs of a group;
 5. in timing mode, runs a PE alone on its channels launch by launch, a launch equal to one simulated before
-   replicated (:func:`simulate_alone`), and a plan with ``after`` edges in two phases at a cut, the launches
-   that wait for no other PE's apart from the rest (:mod:`.cut`); a PE's records from several loops are joined
-   (:mod:`.join`).
+   replicated and one that differs from a steady one simulated before only in its loops' trip counts given
+   that one's records (:func:`simulate_alone`, :mod:`.lengths`), and a plan with ``after`` edges in two phases
+   at a cut, the launches that wait for no other PE's apart from the rest (:mod:`.cut`); a PE's records from
+   several loops are joined (:mod:`.join`).
 
 Every reduction gives the plain simulation's results; :class:`Reductions` says which ran.
 """
