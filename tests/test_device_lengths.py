@@ -262,3 +262,15 @@ def test_a_loop_taken_at_another_count_passes_the_static_rule_there():
     for prog in _programs(sim, launches):
         assert length_key(prog) is not None
         assert all(shift_invariant(prog, lp) is None for lp in prog.loops)
+
+
+def test_reductions_false_takes_no_other_lengths_records():
+    """``reductions=False`` is the plain simulation: no launch takes another length's records, and the run with
+    them is the same stage for stage."""
+    sim = kbwork.Simulator(mode="timing")
+    plan = {0: [_decode(sim, f"r{n}", n) for n in (20, 24, 28)]}
+    run = sim.run_device(plan)
+    assert run.reductions.other_lengths == 2
+    off = sim.run_device(plan, reductions=False)
+    assert off.reductions.other_lengths == 0
+    assert run.to_csv() == off.to_csv()

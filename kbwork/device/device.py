@@ -670,11 +670,13 @@ def _in_two_phases(programs: dict[int, list[Program]], topo, n: dict[int, int], 
 
 
 def simulate_alone(progs: Sequence[Program], launches: dict[tuple, Any], *, steady_state: bool = True,
-                   why_full: str = "steady_state=False", red: Reductions | None = None) -> tuple:
+                   why_full: str = "steady_state=False", red: Reductions | None = None,
+                   other_lengths: bool = True) -> tuple:
     """A PE alone on its channels, its launches waiting for nothing but one another, simulated launch by launch:
     each as if alone from cycle 0 and moved to where the previous one ended, a launch equal to one simulated
     before (:func:`group_key` of it alone) replicated from it, and in timing mode a launch that differs from one
-    simulated before only in its loops' trip counts given its records (:mod:`.lengths`; counted in ``red``).
+    simulated before only in its loops' trip counts given its records (:mod:`.lengths`; counted in ``red``;
+    not with ``other_lengths`` False: ``reductions=False``).
     ``launches``: key -> ``(program, records, channels)``, and ``("lengths", key)`` -> the steady launches of a
     length key (:class:`.lengths.Source`), filled here. Exact: a launch of such a PE starts on an idle PE whose
     channels no one else moves bytes on, so what it does does not depend on when it starts.
@@ -691,7 +693,7 @@ def simulate_alone(progs: Sequence[Program], launches: dict[tuple, Any], *, stea
         key, chans = group_key([0], {0: [prog]}, {}, None)
         hit = launches.get(key) if key is not None else None
         if hit is None:
-            lk = length_key(prog) if steady_state else None
+            lk = length_key(prog) if steady_state and other_lengths else None
             sources = launches.get(("lengths", lk[0]), ()) if lk is not None else ()
             res = from_other_length(prog, sources, lk[1]) if sources else None
             if res is None:
@@ -758,7 +760,7 @@ def _simulate(programs: dict[int, list[Program]], topo, uses: dict[int, Uses], m
             pe = group[0]
             if memories is None and begins is None and len(programs[pe]) > 1 and not any(deps[0]):
                 out[pe] = simulate_alone(programs[pe], launches, steady_state=steady_state, why_full=why_full,
-                                         red=red)
+                                         red=red, other_lengths=reduce)
             else:
                 one = {} if begins is None else {"begin": begins[pe], "outer_after": gates[pe],
                                                  "cmd_offset": offsets[pe]}
