@@ -227,8 +227,12 @@ def _records(res) -> dict:
 @pytest.mark.parametrize("make", [lambda s, n: _decode(s, f"x{n}", n, variant="opt2"),
                                   lambda s, n: _decode(s, f"x{n}", n, variant="opt3"),
                                   lambda s, n: _decode(s, f"x{n}", n, variant="a1", partial=True),
-                                  lambda s, n: _stream(s, f"x{n}", n, op="copy")],
-                         ids=["opt2", "opt3", "a1-partial", "stream"])
+                                  lambda s, n: _stream(s, f"x{n}", n, op="copy"),
+                                  lambda s, n: Launch(_two_streams, *(s.hbm(f"x{n}{x}", shape=(k * 8, 32), dtype="fp32",
+                                                                           channel=0)
+                                                                    for x, k in (("a", n), ("b", n), ("c", n + 4),
+                                                                                 ("d", n + 4))), tile=8)],
+                         ids=["opt2", "opt3", "a1-partial", "stream", "two-loops"])
 def test_records_taken_from_another_length_are_the_launchs_own(make):
     """Every column of a launch's records taken from another length's (its schedule, stage table, timeline,
     DISPATCH and PLAN constraints and steady state) equals its own simulation's, longer and shorter."""
@@ -274,3 +278,33 @@ def test_reductions_false_takes_no_other_lengths_records():
     off = sim.run_device(plan, reductions=False)
     assert off.reductions.other_lengths == 0
     assert run.to_csv() == off.to_csv()
+
+
+def _two_streams(tl, src, dst, src2, dst2, *, tile: int):
+    """Two streaming loops one after the other, each over its own pair of tensors."""
+    for a, b in ((src, dst), (src2, dst2)):
+        ring = tl.ring(2, (tile, a.shape[1]), "fp32", name="buf")
+        for j in tl.range(a.shape[0] // tile):
+            with tl.iteration(j), tl.scratch_scope():
+                tl.composite(op="math", math_op="copy", a=a[j * tile:(j + 1) * tile], out=ring[j])
+                tl.store(ring[j], b[j * tile:(j + 1) * tile])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_two_accelerated_loops_of_random_counts_equal_the_plain_simulation(seed, calls):
+    """A kernel of two loops, each long enough to go steady, at random counts of each: every launch equals the
+    plain simulation, and launches whose counts differ by whole periods in both loops take one's records."""
+    rng = random.Random(seed)
+    sim = _sim()
+
+    def two(name, n1, n2):
+        ts = [sim.hbm(f"{name}_{x}", shape=(n * 8, 32), dtype="fp32", channel=0)
+              for x, n in (("a", n1), ("b", n1), ("c", n2), ("d", n2))]
+        return Launch(_two_streams, *ts, tile=8)
+    counts = [(20, 20), (22, 24), (20 + 2 * rng.randint(1, 4), 20 + 2 * rng.randint(1, 4)), (21, 20), (20, 23),
+              (rng.randint(2, 30), rng.randint(2, 30))]
+    rng.shuffle(counts)
+    plan = {0: [two(f"t{i}", a, b) for i, (a, b) in enumerate(counts)]}
+    run = _same_as_plain(sim, plan)
+    assert run.reductions.other_lengths >= 2
+    assert len(run.steady_state.loops) >= 2
