@@ -1,5 +1,5 @@
 """A launch that differs from one simulated before only in its loops' trip counts takes that one's records
-(DESIGN.md §12, §14: the sixth exact reduction, docs/device.md).
+(DESIGN.md §12, §14; docs/device.md, "Exact reductions", item 5).
 
 A PE alone on its channels runs its launches one by one (:func:`kbwork.device.device.simulate_alone`). In timing
 mode the steady state (:mod:`.steady`) proves a period ``p`` of a ``tl.range`` loop at iteration ``i2``, jumps
@@ -66,7 +66,7 @@ def length_key(prog: Program) -> tuple[tuple, tuple[int, ...]] | None:
     Two launches with equal keys run the same program but for their loops' iteration counts, on tensors laid out
     alike (which arguments are one tensor) on channels alike (module docstring)."""
     b = prog.trace.binding
-    if b is None:
+    if b is None or not prog.loops:  # (a launch without a loop never goes steady: nothing to take)
         return None
     layout = b.layout()
     if layout is None:
@@ -314,13 +314,14 @@ def from_other_length(prog: Program, sources: Sequence[Source], chans: tuple[int
 
 
 def _rebound(src: Source, prog: Program, chans: tuple[int, ...]) -> tuple | None:
+    """``prog``'s records from ``src``'s (module docstring), or None when a loop's count keeps them apart."""
     tl_x, sched_x, state = src.res
     ins = sched_x.insertions
     loops_a, loops_b = src.prog.loops, prog.loops
     if len(loops_a) != len(loops_b):
         return None
     by_number = {x.loop.number: x for x in ins}
-    new_ins = []
+    moved: dict[int, tuple[Loop, int]] = {}  # loop number -> this launch's loop and the periods it adds
     for la, lb in zip(loops_a, loops_b):
         x = by_number.get(la.number)
         d = lb.iterations - la.iterations
@@ -328,9 +329,13 @@ def _rebound(src: Source, prog: Program, chans: tuple[int, ...]) -> tuple | None
             if d:
                 return None  # a loop simulated in full: its count must be the same
             continue
-        if x.loop is not la or d % x.p or x.k + d // x.p < 1:
+        if x.loop is not la or lb.number != la.number or d % x.p or x.k + d // x.p < 1:
             return None
-        new_ins.append(Insertion(lb, x.i1, x.i2, x.c1, x.c2, x.s1, x.s2, x.t1, x.t2, x.k + d // x.p, prog))
+        moved[la.number] = (lb, d // x.p)
+    if len(moved) != len(ins):
+        return None
+    new_ins = [Insertion(moved[x.loop.number][0], x.i1, x.i2, x.c1, x.c2, x.s1, x.s2, x.t1, x.t2,
+                         x.k + moved[x.loop.number][1], prog) for x in ins]
     lines = _loop_lines(state, ins, new_ins)
     if lines is None:
         return None
