@@ -308,3 +308,20 @@ def test_two_accelerated_loops_of_random_counts_equal_the_plain_simulation(seed,
     run = _same_as_plain(sim, plan)
     assert run.reductions.other_lengths >= 2
     assert len(run.steady_state.loops) >= 2
+
+
+@pytest.mark.parametrize("mapping", ["sequence", "split"])
+def test_a_layer_of_mixed_contexts_equals_the_plain_simulation(mapping):
+    """A step's attention layer (DESIGN.md §15, §16) over contexts of many lengths on a small device: launches
+    take other lengths' records, and every stage equals the plain run's."""
+    from kbwork import model
+
+    dev = model.load_device(pes=4, hbm_channels=4)
+    contexts = [2048 + 256 * k for k in (0, 3, 1, 5, 2, 7, 4, 6)] + [1536, 2176]
+    tasks = model.assign_tasks(contexts, kv_heads=2, pes=dev.pes, tile=128, mapping=mapping)
+    plan = model.attention_plan(tasks, dev, "opt2", 128, group=4, head_dim=128)
+    run = plan.run()
+    assert run.reductions.other_lengths >= 4, str(run.reductions)
+    plain = plan.run(steady_state=False, reductions=False)
+    assert run.to_csv() == plain.to_csv()
+    assert run.critical_path()[["seq", "cause"]].equals(plain.critical_path()[["seq", "cause"]])
