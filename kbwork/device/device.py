@@ -732,7 +732,7 @@ def _simulate(programs: dict[int, list[Program]], topo, uses: dict[int, Uses], m
         grouped = [sorted(programs)]
     red = Reductions(pes=len(programs), groups=len(grouped), simulated=0, contended_channels=tuple(shared))
     out: dict[int, tuple] = {}
-    launches: dict[tuple, Any] = {}  # simulate_alone's launches by key
+    launches: dict[tuple, tuple] = {}  # simulate_alone's launches by key
     seen: dict[tuple, tuple[list[int], tuple[int, ...]]] = {}
     # replication needs a second group to replicate to; data mode computes every PE's numbers
     keyed = memories is None and reduce and len(grouped) > 1
