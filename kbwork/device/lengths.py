@@ -20,9 +20,10 @@ handle described by what decides timing — space, shape, dtype, pinning; in TCM
 tensor holds it and where (the tensors' aliasing and channels numbered as :func:`~.device.group_key` numbers
 them), a ``tl.range`` slice's stride — never its name. An HBM handle after a loop is placed relative to where the
 loop's slices of its tensor end (its offset less the loop's count times their stride): the epilogue that reads
-the last tile of a longer K reads the tile after the loop's, as the shorter one's does. Where that is not exact
-— slices of a written tensor that move with the loop beside ones that do not, two strides over one tensor, a
-TCM slice that moves, a ``tl.wait`` into a loop from outside it — there is no key and the launch is simulated.
+the last tile of a longer K reads the tile after the loop's, as the shorter one's does (and a fixed range after
+the loop keys each count apart). Where that is not exact — a body touching a written tensor with slices that move
+and with ranges that do not, two strides over one tensor in one body, a TCM slice that moves, a ``tl.wait`` into
+a loop from outside it — there is no key and the launch is simulated.
 
 A hit is taken only when every loop A accelerated keeps ``(m - n) % p == 0`` and ``k' >= 1``, and every other
 loop has A's count; otherwise B is simulated. The steady state's static rule (:func:`.steady.shift_invariant`)
