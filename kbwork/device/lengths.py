@@ -276,9 +276,12 @@ def _command(cmd: Any, hd: Any) -> tuple:
     head = (cmd.__class__.__name__, label, cmd.logical_bytes, hd(cmd.completion.primary_out))
     if cmd.__class__ is DmaCmd:
         return head + (hd(cmd.src), hd(cmd.dst))
-    ops = tuple((op.kind, op.scope, tuple((n, hd(h)) for n, h in op.operands.items()),
-                 tuple((n, _extra(v)) for n, v in op.extra.items()), hd(op.out)) for op in cmd.ops)
-    return head + (ops, tuple(hd(h) for h in cmd.rw_handles), cmd.data_op, tuple(hd(h) for h in cmd.scratch))
+    # (lists, not generators, and the scope's value, not the enum, whose hash is a Python-level call: a trace's
+    # description is made for every length of a kernel)
+    ops = tuple([(op.kind, op.scope._value_, tuple([(n, hd(h)) for n, h in op.operands.items()]),
+                  tuple([(n, _extra(v)) for n, v in op.extra.items()]) if op.extra else (), hd(op.out))
+                 for op in cmd.ops])
+    return head + (ops, tuple([hd(h) for h in cmd.rw_handles]), cmd.data_op, tuple([hd(h) for h in cmd.scratch]))
 
 
 # --- taking another length's records ------------------------------------------------------------------------------
