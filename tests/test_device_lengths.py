@@ -35,16 +35,16 @@ def _sim() -> kbwork.Simulator:
 
 
 def _decode(sim, name: str, tiles: int, *, variant: str = "opt2", partial: bool = False, tile: int = T,
-            k=None, v=None) -> Launch:
+            k=None, v=None, g: int = G, d: int = D, kv_dtype: str = "bf16") -> Launch:
     """A decode launch over ``tiles`` tiles of its own K and V (or of ``k``, ``v``) on channel 0."""
-    q = sim.hbm(f"{name}_q", shape=(G, D), dtype="bf16", channel=0)
-    k = sim.hbm(f"{name}_K", shape=(tiles * tile, D), dtype="bf16", channel=0) if k is None else k
-    v = sim.hbm(f"{name}_V", shape=(tiles * tile, D), dtype="bf16", channel=0) if v is None else v
+    q = sim.hbm(f"{name}_q", shape=(g, d), dtype="bf16", channel=0)
+    k = sim.hbm(f"{name}_K", shape=(tiles * tile, d), dtype=kv_dtype, channel=0) if k is None else k
+    v = sim.hbm(f"{name}_V", shape=(tiles * tile, d), dtype=kv_dtype, channel=0) if v is None else v
     if partial:
-        st = [sim.hbm(f"{name}_{x}", shape=s, dtype="fp32", channel=0) for x, s in (("m", (G, 1)), ("l", (G, 1)),
-                                                                                   ("O", (G, D)))]
+        st = [sim.hbm(f"{name}_{x}", shape=s, dtype="fp32", channel=0) for x, s in (("m", (g, 1)), ("l", (g, 1)),
+                                                                                   ("O", (g, d)))]
         return Launch(gqa_decode_partial, q, k, v, *st, variant=variant, tile=tile)
-    return Launch(gq.gqa_decode, q, k, v, sim.hbm(f"{name}_out", shape=(G, D), dtype="fp32", channel=0),
+    return Launch(gq.gqa_decode, q, k, v, sim.hbm(f"{name}_out", shape=(g, d), dtype="fp32", channel=0),
                   variant=variant, tile=tile)
 
 
@@ -72,11 +72,15 @@ KINDS = [("decode", dict(variant=v)) for v in sorted(gq.VARIANTS)] + \
 @pytest.mark.parametrize("kind", KINDS, ids=[f"{k}-{'-'.join(map(str, a.values()))}" for k, a in KINDS])
 def test_launches_of_random_lengths_equal_the_plain_simulation(kind, seed, calls):
     """A PE alone on its home channel runs launches of one kernel at random lengths: some a whole number of
-    periods apart, some not, some too short to go steady, one repeated. The run equals the plain simulation
-    stage for stage and link for link, whichever launches took another length's records."""
+    periods apart, some not, some too short to go steady, one repeated; the channel rate, the hazard policy and
+    a decode's group, head dim, tile and KV dtype drawn too. The run equals the plain simulation stage for
+    stage and link for link, whichever launches took another length's records."""
     family, args = kind
     rng = random.Random(seed * 1009 + len(family))
-    sim = _sim()
+    sim = kbwork.Simulator(mode="timing", pes=2, hbm_channels=2, channel_bytes_per_cycle=rng.choice([16, 40, 128]),
+                           hazard_policy=rng.choice(["rw_aware", "strict_fifo"]))
+    shape = dict(g=rng.choice([1, 4, 8]), d=rng.choice([64, 128]), tile=rng.choice([16, 32]),
+                 kv_dtype=rng.choice(["bf16", "fp8"]))
     base = rng.randint(14, 30)
     lengths = [base, base + 2, base + 4 * rng.randint(1, 3), base + 1, rng.randint(2, 6), base + 6, base + 2,
                max(2, base - 2)]
@@ -86,7 +90,7 @@ def test_launches_of_random_lengths_equal_the_plain_simulation(kind, seed, calls
         if family == "stream":
             plan[0].append(_stream(sim, f"s{i}", n, **args))
         else:
-            plan[0].append(_decode(sim, f"d{i}", n, partial=family == "partial", **args))
+            plan[0].append(_decode(sim, f"d{i}", n, partial=family == "partial", **args, **shape))
     run = _same_as_plain(sim, plan)
     taken = run.reductions.other_lengths
     assert len(calls) - 1 + taken <= len(lengths)  # (the plain run is one more call)
