@@ -14,9 +14,10 @@ only where sharing can slow a transfer (:func:`kbwork.device.flows.contended`). 
 4. in timing mode, lets the steady state (:mod:`.steady`) insert whole periods of every loop, jointly
    for the PEs of a group;
 5. in timing mode, runs a PE alone on its channels launch by launch, a launch equal to one simulated before
-   replicated (:func:`simulate_alone`), and a plan with ``after`` edges in two phases at a cut, the launches
-   that wait for no other PE's apart from the rest (:mod:`.cut`); a PE's records from several loops are joined
-   (:mod:`.join`).
+   replicated and one that differs from a steady one simulated before only in its loops' trip counts given
+   that one's records (:func:`simulate_alone`, :mod:`.lengths`), and a plan with ``after`` edges in two phases
+   at a cut, the launches that wait for no other PE's apart from the rest (:mod:`.cut`); a PE's records from
+   several loops are joined (:mod:`.join`).
 
 Every reduction gives the plain simulation's results; :class:`Reductions` says which ran.
 """
@@ -53,6 +54,8 @@ class Reductions:
     replicated_from: dict[int, int] = field(default_factory=dict)  # PE -> the PE whose records it took
     #: a run in two phases (:mod:`.cut`): PE -> its launches before the cut and after it (empty: not cut)
     cut: dict[int, tuple[int, int]] = field(default_factory=dict)
+    #: launches of PEs alone that took the records of a launch of other loop lengths (:mod:`.lengths`)
+    other_lengths: int = 0
 
     def __str__(self) -> str:
         parts = [f"{self.pes} PE{'s' if self.pes != 1 else ''}"]
@@ -65,6 +68,9 @@ class Reductions:
             before, later = (sum(x[i] for x in self.cut.values()) for i in (0, 1))
             parts.append(f"in two phases: {before} launches that wait for no other PE's simulated before the "
                          f"{later} that do or follow one")
+        if self.other_lengths:
+            parts.append(f"{self.other_lengths} launch{'es' if self.other_lengths != 1 else ''} taken from a launch "
+                         f"of other loop lengths")
         parts.append(f"contended channels: {', '.join(map(str, self.contended_channels)) or 'none'}")
         return "; ".join(parts)
 
@@ -666,22 +672,28 @@ def _in_two_phases(programs: dict[int, list[Program]], topo, n: dict[int, int], 
     red = Reductions(pes=len(programs), groups=red1.groups + red2.groups, simulated=red1.simulated + red2.simulated,
                      contended_channels=tuple(sorted(set(red1.contended_channels) | set(red2.contended_channels))),
                      replicated_from=dict(red1.replicated_from),
-                     cut={p: (n[p], len(programs[p]) - n[p]) for p in sorted(programs)})
+                     cut={p: (n[p], len(programs[p]) - n[p]) for p in sorted(programs)},
+                     other_lengths=red1.other_lengths + red2.other_lengths)
     return out, red
 
 
-def simulate_alone(progs: Sequence[Program], launches: dict[tuple, tuple], *, steady_state: bool = True,
-                   why_full: str = "steady_state=False") -> tuple:
+def simulate_alone(progs: Sequence[Program], launches: dict[tuple, Any], *, steady_state: bool = True,
+                   why_full: str = "steady_state=False", red: Reductions | None = None,
+                   other_lengths: bool = True) -> tuple:
     """A PE alone on its channels, its launches waiting for nothing but one another, simulated launch by launch:
     each as if alone from cycle 0 and moved to where the previous one ended, a launch equal to one simulated
-    before (:func:`group_key` of it alone) replicated from it (``launches``: key -> ``(program, records,
-    channels)``, filled here). Exact: a launch of such a PE starts on an idle PE whose channels no one else
-    moves bytes on, so what it does does not depend on when it starts.
+    before (:func:`group_key` of it alone) replicated from it, and in timing mode a launch that differs from one
+    simulated before only in its loops' trip counts given its records (:mod:`.lengths`; counted in ``red``;
+    not with ``other_lengths`` False: ``reductions=False``).
+    ``launches``: key -> ``(program, records, channels)``, and ``("lengths", key)`` -> the steady launches of a
+    length key (:class:`.lengths.Source`), filled here. Exact: a launch of such a PE starts on an idle PE whose
+    channels no one else moves bytes on, so what it does does not depend on when it starts.
 
     Returns:
         ``(timeline, schedule, steady state)``, the launches' records joined (:func:`kbwork.device.join.join`).
     """
     from .join import join
+    from .lengths import from_other_length, length_key, steady_source
     from .steady import simulate_pe
 
     parts, shifts, t = [], [], 0
@@ -689,7 +701,16 @@ def simulate_alone(progs: Sequence[Program], launches: dict[tuple, tuple], *, st
         key, chans = group_key([0], {0: [prog]}, {}, None)
         hit = launches.get(key) if key is not None else None
         if hit is None:
-            res = simulate_pe([prog], None, steady_state=steady_state, why_full=why_full)
+            lk = length_key(prog) if steady_state and other_lengths else None
+            sources = launches.get(("lengths", lk[0]), ()) if lk is not None else ()
+            res = from_other_length(prog, sources, lk[1]) if sources else None
+            if res is None:
+                res = simulate_pe([prog], None, steady_state=steady_state, why_full=why_full)
+                src = steady_source(prog, res, lk[1]) if lk is not None else None
+                if src is not None:
+                    launches.setdefault(("lengths", lk[0]), []).append(src)
+            elif red is not None:
+                red.other_lengths += 1
             if key is not None:
                 launches[key] = (prog, res, chans)
         else:
@@ -749,7 +770,8 @@ def _simulate(programs: dict[int, list[Program]], topo, uses: dict[int, Uses], m
         if len(group) == 1 and not mine:  # alone on its channels: every transfer's duration is known when it starts
             pe = group[0]
             if memories is None and begins is None and len(programs[pe]) > 1 and not any(deps[0]):
-                out[pe] = simulate_alone(programs[pe], launches, steady_state=steady_state, why_full=why_full)
+                out[pe] = simulate_alone(programs[pe], launches, steady_state=steady_state, why_full=why_full,
+                                         red=red, other_lengths=reduce)
             else:
                 one = {} if begins is None else {"begin": begins[pe], "outer_after": gates[pe],
                                                  "cmd_offset": offsets[pe]}

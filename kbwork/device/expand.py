@@ -333,6 +333,16 @@ class ExpandedSchedule:
         return f"Schedule({self._ex.n_cmds} commands, {self._ex.n_stages} stages, {self.topo.name}; steady state)"
 
     @property
+    def simulated(self) -> Schedule:
+        """The schedule the event loop simulated (its own numbering), before the periods were inserted."""
+        return self._ex.sched
+
+    @property
+    def insertions(self) -> tuple:
+        """The :class:`~kbwork.device.steady.Insertion` s, in the simulation's numbering."""
+        return self._ex.ins
+
+    @property
     def plan_seq(self) -> np.ndarray:
         return np.asarray(self.dispatch_seq) + 1
 
@@ -410,6 +420,12 @@ class ExpandedTimeline:
 
     def __repr__(self) -> str:
         return f"Timeline({self._ex.n_stages} stages; steady state)"
+
+    @property
+    def simulated(self) -> tuple[Timeline, Sequence, Sequence, Sequence]:
+        """What :func:`expand` was given: the simulated timeline, the ``tl.wait`` clearances, the later launches'
+        first commands and starts, and the ``after`` gates (each in the simulation's numbering)."""
+        return self._tl, self._waited, self._launches, self._afters
 
     def dispatch_cycles(self, sched: Any = None) -> np.ndarray:
         """Each command's DISPATCH cycles in the full run, from the simulated commands' (a copy's are its

@@ -328,6 +328,12 @@ def _watch(watches: dict[int, _Watch], loop: Loop, prog: Program) -> _Watch:
     return w
 
 
+def steady_outcome(ins: Insertion) -> str:
+    """What :class:`Steady` says of a loop it accelerated by ``ins`` (a line of ``SteadyState.loops``)."""
+    return (f"steady: period {ins.p} iterations ({ins.dt} cycles) proven at iteration {ins.i2} against iteration "
+            f"{ins.i1}; {ins.k} periods ({ins.k * ins.p} iterations) inserted")
+
+
 class Steady:
     """The steady state of one run: called at every boundary (``loop.run``'s ``on_boundary``)."""
 
@@ -379,8 +385,7 @@ class Steady:
         self.insertions.append(ins)
         if self.first is None:
             self.first = (p, i)
-        w.outcome = (f"steady: period {p} iterations ({t - t1} cycles) proven at iteration {i} against iteration "
-                     f"{i1}; {k} periods ({k * p} iterations) inserted")
+        w.outcome = steady_outcome(ins)
 
     def _jump(self, pe: PeState, ins: Insertion) -> None:
         jump(pe, ins)
