@@ -416,8 +416,9 @@ def parse_toml(text: str, path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
 
 
-#: Topologies already made from a file, by (absolute path, content, class, key table): parsing and validating a file is most of
-#: a short run's set-up, and a Topology is frozen, so one made from the same bytes at the same path serves.
+#: Topologies already made from a file, by (absolute path, content, class, key table): parsing and validating a
+#: file is most of a short run's set-up, and a Topology is frozen, so one made from the same bytes at the same path
+#: serves.
 _LOADED: dict[tuple, Topology] = {}
 _LOADED_MAX = 64
 
