@@ -51,6 +51,7 @@ from ..pe.scheduler import Program, _spans_at, footprint
 from ..pe.stages import RawStageTable
 from ..pe.tiling import generate_plan_from_ops
 from ..symbolic import Index
+from .device import BoundTable
 from .expand import ExpandedSchedule, ExpandedTimeline, _stage_names, expand
 from .steady import Insertion, SteadyState, steady_outcome
 
@@ -484,42 +485,20 @@ class ReboundCommands:
         return ["", ""] + list(table.tensor)
 
 
-class ReboundTable:
-    """A simulated stage table read as another launch's: every column as simulated but ``tensor`` (this
-    launch's names, made from its program on first use) and ``chan`` (its channels)."""
+class ReboundTable(BoundTable):
+    """A simulated stage table read as another launch's: every column as simulated but ``chan`` (its channels,
+    as a replica's, :class:`~kbwork.device.device.BoundTable`) and ``tensor`` (this launch's names, made from its
+    program on first use)."""
 
     def __init__(self, table: Any, ctab: ReboundCommands, chan_map: dict[int, int]):
-        self._t, self._ctab, self._chan_map = table, ctab, chan_map
-
-    def __len__(self) -> int:
-        return len(self._t)
+        super().__init__(table, None, chan_map)
+        self._ctab = ctab
 
     def __repr__(self) -> str:
         return f"{self._t!r} (another length's, rebound)"
 
-    kind = property(lambda self: self._t.kind)
-    engine = property(lambda self: self._t.engine)
-    phase = property(lambda self: self._t.phase)
-    cmd = property(lambda self: self._t.cmd)
-    op_kind = property(lambda self: self._t.op_kind)
-    tile = property(lambda self: self._t.tile)
-    k_tile = property(lambda self: self._t.k_tile)
-    nbytes = property(lambda self: self._t.nbytes)
-    dur = property(lambda self: self._t.dur)
-    preds = property(lambda self: self._t.preds)
-
-    def describe(self, s: int) -> str:
-        return self._t.describe(s)
-
     @cached_property
-    def chan(self) -> list[int]:
-        m = self._chan_map
-        if all(a == b for a, b in m.items()):
-            return self._t.chan
-        return [m.get(c, c) if c >= 0 else c for c in self._t.chan]
-
-    @cached_property
-    def tensor(self) -> list[str]:
+    def tensor(self) -> list[str]:  # type: ignore[override]
         ctab = self._ctab
         out: list[str] = []
         for c in range(len(ctab)):
