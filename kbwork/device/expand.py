@@ -198,13 +198,27 @@ def _stage_names(prog: Program, loop: Loop, k: int, i: int) -> list[str]:
         tpl = bc.template.plan
         names = [t if t.__class__ is str else "|".join([hn[x] for x in t]) for t in tpl.tensors] + [""]
         return [names[x] for x in bc.template.tensor]
-    cmd = loop.command(i, k)
+    return command_stage_names(prog, loop.command(i, k))
+
+
+def command_stage_names(prog: Program, cmd: Any) -> list[str]:
+    """The op_log ``tensor`` of every stage of the concrete command ``cmd`` (DISPATCH and PLAN first), planned
+    again from the command itself."""
     if isinstance(cmd, DmaCmd):
         hbm = cmd.src if cmd.src.space.value == "hbm" else cmd.dst
         return ["", "", hbm.name]
     table = RawStageTable()
     generate_plan_from_ops(cmd, prog.topo, table, None, prog.latency, after=(0,))
     return ["", ""] + list(table.tensor)
+
+
+def label_at(bc: Any, i: int) -> str:
+    """The label of loop body command ``bc`` in iteration ``i``: a default DMA label names that iteration's rows
+    ("dma_load K[256:384]"), any other is the body's."""
+    if isinstance(bc, DmaCmd) and bc.auto_label is not None:
+        src = bc.src
+        return bc.auto_label + (src.name_at(i) if isinstance(src, LoopHandle) else src.name)
+    return bc.label
 
 
 class ExpandedTable:
@@ -387,8 +401,7 @@ class ExpandedSchedule:
             for j, c in enumerate(range(x.c1, x.c2)):
                 bc = x.loop.body[ct.body[c]]
                 if isinstance(bc, DmaCmd) and bc.auto_label is not None:  # "dma_load K[256:384]": its own rows
-                    src, i = bc.src, ct.iteration[c] + m * x.p
-                    out[j] = bc.auto_label + (src.name_at(i) if isinstance(src, LoopHandle) else src.name)
+                    out[j] = label_at(bc, ct.iteration[c] + m * x.p)
             return out
         return _grow_list(list(ct.label), ex.ins, lambda x: x.c1, lambda x: x.c2, copy)
 

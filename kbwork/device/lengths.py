@@ -48,11 +48,10 @@ from ..memory import Handle, LoopHandle, Space
 from ..pe.commands import DmaCmd
 from ..pe.program import Loop, Plain
 from ..pe.scheduler import Program, _spans_at, footprint
-from ..pe.stages import RawStageTable
-from ..pe.tiling import generate_plan_from_ops
+from ..pe.scheduler import _handles as _rw_handles
 from ..symbolic import Index
 from .device import BoundTable
-from .expand import ExpandedSchedule, ExpandedTimeline, _stage_names, expand
+from .expand import ExpandedSchedule, ExpandedTimeline, _stage_names, command_stage_names, expand, label_at
 from .steady import Insertion, SteadyState, steady_outcome
 
 
@@ -190,13 +189,10 @@ class _Hashed:
 
 
 def _handles(cmd: Any) -> list[tuple[Any, bool]]:
-    """Every handle of ``cmd`` with whether the command writes it."""
-    hs = [(cmd.completion.primary_out, False)]
-    if cmd.__class__ is DmaCmd:
-        return hs + [(cmd.src, False), (cmd.dst, True)]
-    for op in cmd.ops:
-        hs += [(h, False) for h in op.operands.values()] + [(op.out, True)]
-    return hs + [(h, True) for h in cmd.rw_handles] + [(h, True) for h in cmd.scratch]
+    """Every handle of ``cmd`` with whether the command writes it: its primary output, then what it reads and
+    what it writes as the scheduler's hazard tracking counts them (:func:`kbwork.pe.scheduler._handles`)."""
+    reads, writes = _rw_handles(cmd)
+    return [(cmd.completion.primary_out, False)] + [(h, False) for h in reads] + [(h, True) for h in writes]
 
 
 class _Place:
@@ -433,13 +429,7 @@ class ReboundCommands:
             if lp is None:
                 out.append(self._command(c).label)
                 continue
-            bc = lp.body[self.body[c]]
-            if bc.__class__ is DmaCmd and bc.auto_label is not None:
-                src = bc.src
-                i = self.iteration[c]
-                out.append(bc.auto_label + (src.name_at(i) if src.__class__ is LoopHandle else src.name))
-            else:
-                out.append(bc.label)
+            out.append(label_at(lp.body[self.body[c]], self.iteration[c]))
         return out
 
     @cached_property
@@ -476,13 +466,7 @@ class ReboundCommands:
         lp = self.loop[c]
         if lp is not None:
             return _stage_names(self._prog, lp, self.body[c], self.iteration[c])
-        cmd = self._command(c)
-        if isinstance(cmd, DmaCmd):
-            hbm = cmd.src if cmd.src.space is Space.HBM else cmd.dst
-            return ["", "", hbm.name]
-        table = RawStageTable()
-        generate_plan_from_ops(cmd, self._prog.topo, table, None, self._prog.latency, after=(0,))
-        return ["", ""] + list(table.tensor)
+        return command_stage_names(self._prog, self._command(c))
 
 
 class ReboundTable(BoundTable):
