@@ -64,6 +64,14 @@ def gc_paused() -> Iterator[None]:
         with _gc_lock:
             _gc_pausers -= 1
             if _gc_pausers == 0 and _gc_was_enabled:
+                if gc.get_freeze_count() == 0:
+                    # What the block made and still holds (a run's traces and records) outlives the next young
+                    # collection, which would walk all of it once, tens of ms on a large run, to free nothing:
+                    # freeze-and-unfreeze hands it to the oldest generation unscanned (garbage dies by
+                    # reference counting as before; a cycle waits for the next full collection). Skipped when
+                    # someone else froze objects, which unfreezing would release.
+                    gc.freeze()
+                    gc.unfreeze()
                 gc.enable()
 
 

@@ -369,3 +369,39 @@ def test_gc_paused_nests_across_threads():
     for t in threads:
         t.join()
     assert gc.isenabled()
+
+
+def test_what_a_paused_block_keeps_is_handed_to_the_oldest_generation_and_a_freeze_of_others_is_left_alone():
+    gc.enable()
+    gc.collect()
+    with gc_paused():
+        kept = [[i] for i in range(1000)]  # made inside the block and still held after it
+    oldest = {id(o) for o in gc.get_objects(generation=2)}
+    assert all(id(x) in oldest for x in kept)  # promoted unscanned, not left for the young collections to walk
+    assert gc.get_freeze_count() == 0 and gc.isenabled()
+
+    gc.freeze()  # someone else's freeze (as before a fork): a paused block must not release it
+    try:
+        frozen = gc.get_freeze_count()
+        with gc_paused():
+            more = [[i] for i in range(10)]
+        assert gc.get_freeze_count() == frozen and gc.isenabled()
+        assert more
+    finally:
+        gc.unfreeze()
+
+    gc.disable()  # a collector the caller turned off stays off, and nothing is moved
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    # a cycle made in a block and dropped after it is still collected (by the next full collection)
+    with gc_paused():
+        a: list = []
+        a.append(a)
+    probe = id(a)
+    del a
+    gc.collect()
+    assert probe not in {id(o) for o in gc.get_objects()}
