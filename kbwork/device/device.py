@@ -698,7 +698,9 @@ def simulate_alone(progs: Sequence[Program], launches: dict[tuple, Any], *, stea
 
     parts, shifts, t = [], [], 0
     for prog in progs:
-        key, chans = group_key([0], {0: [prog]}, {}, None)
+        b = prog.trace.binding
+        # a launch whose trace no other launch is bound to can equal no other: no key to make
+        key, chans = group_key([0], {0: [prog]}, {}, None) if b is None or b.traced.bound > 1 else (None, ())
         hit = launches.get(key) if key is not None else None
         if hit is None:
             lk = length_key(prog) if steady_state and other_lengths else None
