@@ -172,6 +172,14 @@ def test_the_host_merge_is_timed_from_the_partial_bytes_and_sits_in_the_serial_l
         g.seconds for g in s._halves[0].gemms.values()) + 2 * h.handoff_s)
 
 
+def test_a_host_merge_under_the_sequence_mapping_merges_nothing_and_says_so():
+    seq = mdl.step("llama-3-8b", [4096, 2048], mapping="sequence", merge="host")
+    dev = mdl.step("llama-3-8b", [4096, 2048], mapping="sequence", merge="device")
+    assert seq.seconds == dev.seconds and seq.merge_bytes == 0
+    assert any("merge='host' applies to mapping='split'" in n for n in seq.notes)
+    assert not any("merge" in n for n in dev.notes)
+
+
 def test_under_ping_pong_the_host_merge_is_a_host_task_between_attention_and_o_ffn():
     s = mdl.step("llama-3-8b", [8192] * 4, mapping="split", merge="host", schedule="ping_pong")
     tl = s.timeline

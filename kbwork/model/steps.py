@@ -473,6 +473,9 @@ def step(model: str | Model, contexts: Sequence[int], *, variant: str = "opt2", 
     if check_capacity:
         _check_capacity(memory, model=m, batch=len(ctx), placement=placement, where=where)
     notes: list[str] = []
+    if merge != "device" and mapping == "sequence":
+        notes.append(f"merge={merge!r} applies to mapping='split'; under mapping='sequence' no task is split, so "
+                     "nothing is merged.")
     halves: list[_Half] = []
     serial: _SerialCompare | None = None
     if placement == "host":
