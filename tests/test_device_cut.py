@@ -168,3 +168,85 @@ def test_a_pe_alone_runs_launch_by_launch_and_an_equal_launch_is_replicated(monk
                                                                                  third.tensor.astype(str)}
     assert run.steady_state.path == "steady"
     assert run.critical_path()[["seq", "cause"]].equals(plain.critical_path()[["seq", "cause"]])
+
+
+def test_second_phase_groups_run_pe_by_pe_exactly_when_no_two_flows_meet(monkeypatch):
+    """After the cut, a group of PEs that share contended channels but wait for none of one another runs PE by
+    PE (each launch alone, equal launches replicated, moved to its begin and gates) when no two of its flows
+    share a cycle of a channel, and in one loop otherwise; either way every stage and every critical-path link
+    equals the plain simulation. Random merged cases reach both."""
+    import kbwork.device.steady as steady
+
+    together = []
+    real = steady.simulate_group
+    monkeypatch.setattr(steady, "simulate_group",
+                        lambda *a, **k: together.append("begins" in k) or real(*a, **k))
+    apart = together_runs = 0
+    for seed in range(700, 760):
+        case = merged_case(seed)
+        plain = case.sim.run_device(case.plan, reductions=False, steady_state=False)
+        together.clear()
+        reduced = case.sim.run_device(case.plan)
+        assert reduced.to_csv() == plain.to_csv(), case
+        assert reduced.critical_path()[["seq", "pe", "cause"]].equals(
+            plain.critical_path()[["seq", "pe", "cause"]]), case
+        apart += reduced.reductions.apart
+        together_runs += any(together)  # a second phase's group whose flows met, simulated in one loop
+    assert apart >= 1 and together_runs >= 1
+
+
+def test_a_split_layers_merges_run_pe_by_pe_and_one_merge_is_simulated(monkeypatch):
+    """A split layer's merges read their neighbours' partials, which chains their PEs into contended groups;
+    their few transfers never meet, so each group runs PE by PE, and the merges, bindings of one trace laid out
+    alike, are simulated once."""
+    import kbwork.device.steady as steady
+    from kbwork import model
+
+    dev = model.load_device(pes=8, hbm_channels=8)
+    tasks = model.assign_tasks([768, 384, 2048, 1280], kv_heads=2, pes=dev.pes, tile=128, mapping="split")
+    plan = model.attention_plan(tasks, dev, "opt2", 128, group=4, head_dim=128)
+    assert len(plan.merges) >= 3
+    simulated = []  # each launch simulated by itself: its tensor arguments' names
+    real = steady.simulate_pe
+    monkeypatch.setattr(steady, "simulate_pe", lambda progs, *a, **k: simulated.append(
+        [h.name for h in progs[0].trace.binding.leaves]) or real(progs, *a, **k))
+    run = plan.run()
+    merges = [names for names in simulated if names[-1].startswith("out") and len(names) not in (4, 6)]
+    # (a whole task binds q, K, V, out: 4; a chunk q, K, V, m, l, O: 6; a merge (m, l, O) per part, then out)
+    assert 1 <= len(merges) <= len({len(launch.after) for _, launch in plan.merges.values()}) < len(plan.merges)
+    plain = plan.run(steady_state=False, reductions=False)
+    assert run.to_csv() == plain.to_csv()
+    assert run.critical_path()[["seq", "pe", "cause"]].equals(plain.critical_path()[["seq", "pe", "cause"]])
+    assert run.reductions.apart >= 1 and "run PE by PE" in str(run.reductions)
+
+
+def _records(flows):
+    """Fake records of one PE: ``flows`` as (engine, nbytes, channel, start, end) per stage."""
+    import types
+
+    import numpy as np
+
+    cols = list(zip(*flows)) if flows else [(), (), (), (), ()]
+    table = types.SimpleNamespace(engine=np.array(cols[0]), nbytes=np.array(cols[1]), chan=np.array(cols[2]))
+    tl = types.SimpleNamespace(start=np.array(cols[3]), end=np.array(cols[4]))
+    return tl, types.SimpleNamespace(table=table), None
+
+
+def test_flows_meet_when_two_data_phases_share_a_cycle_of_a_watched_channel():
+    from kbwork.device.flows import flows_meet
+    from kbwork.pe.stages import Engine
+
+    D, G = int(Engine.PE_DMA), int(Engine.PE_GEMM)
+    a = _records([(D, 64, 3, 0, 10)])
+    assert not flows_meet([a, _records([(D, 64, 3, 10, 20)])], [3], 0)  # one ends as the other joins
+    assert flows_meet([a, _records([(D, 64, 3, 9, 20)])], [3], 0)
+    assert not flows_meet([a, _records([(D, 64, 3, 8, 20)])], [3], 2)  # its access phase is no flow
+    assert flows_meet([a, _records([(D, 64, 3, 7, 20)])], [3], 2)
+    assert not flows_meet([a, _records([(D, 64, 4, 5, 20)])], [3], 0)  # another channel
+    assert not flows_meet([a, _records([(D, 64, 4, 5, 20)])], [3, 5], 0)
+    assert flows_meet([a, _records([(D, 64, 4, 5, 20)]), _records([(D, 8, 4, 19, 30)])], [3, 4], 0)
+    assert not flows_meet([a, _records([(D, 0, 3, 5, 20)])], [3], 0)  # moves nothing: never joins
+    assert not flows_meet([a, _records([(G, 64, 3, 5, 20)])], [3], 0)  # not a transfer
+    assert flows_meet([_records([(D, 64, 3, 0, 10), (D, 64, 3, 30, 40)]), _records([(D, 8, 3, 12, 31)])], [3], 0)
+    assert flows_meet([_records([(D, 64, 3, 0, 50), (D, 64, 3, 10, 20)])], [3], 0)  # one PE's own two
+    assert not flows_meet([a, _records([])], [3], 0) and not flows_meet([a, a], [], 0)

@@ -16,8 +16,9 @@ only where sharing can slow a transfer (:func:`kbwork.device.flows.contended`). 
 5. in timing mode, runs a PE alone on its channels launch by launch, a launch equal to one simulated before
    replicated and one that differs from a steady one simulated before only in its loops' trip counts given
    that one's records (:func:`simulate_alone`, :mod:`.lengths`), and a plan with ``after`` edges in two phases
-   at a cut, the launches that wait for no other PE's apart from the rest (:mod:`.cut`); a PE's records from
-   several loops are joined (:mod:`.join`).
+   at a cut, the launches that wait for no other PE's apart from the rest (:mod:`.cut`), the rest's PEs run
+   PE by PE as well when no two of their transfers share a cycle of a contended channel
+   (:func:`~kbwork.device.flows.flows_meet`); a PE's records from several loops are joined (:mod:`.join`).
 
 Every reduction gives the plain simulation's results; :class:`Reductions` says which ran.
 """
@@ -39,7 +40,7 @@ from ..memory import Handle, LoopHandle, Space
 from ..pe.commands import DmaCmd
 from ..pe.program import Plain, handles_of
 from ..pe.scheduler import Program
-from .flows import FlowChannel, contended
+from .flows import FlowChannel, contended, flows_meet
 from .order import Deps, Order, crosses, local
 
 
@@ -56,6 +57,8 @@ class Reductions:
     cut: dict[int, tuple[int, int]] = field(default_factory=dict)
     #: launches of PEs alone that took the records of a launch of other loop lengths (:mod:`.lengths`)
     other_lengths: int = 0
+    #: contended groups of a second phase (:mod:`.cut`) run PE by PE, since no two of their flows met
+    apart: int = 0
 
     def __str__(self) -> str:
         parts = [f"{self.pes} PE{'s' if self.pes != 1 else ''}"]
@@ -68,6 +71,9 @@ class Reductions:
             before, later = (sum(x[i] for x in self.cut.values()) for i in (0, 1))
             parts.append(f"in two phases: {before} launches that wait for no other PE's simulated before the "
                          f"{later} that do or follow one")
+        if self.apart:
+            parts.append(f"{self.apart} contended group{'s' if self.apart != 1 else ''} after the cut run PE by PE "
+                         f"(no two transfers met on a shared channel)")
         if self.other_lengths:
             parts.append(f"{self.other_lengths} launch{'es' if self.other_lengths != 1 else ''} taken from a launch "
                          f"of other loop lengths")
@@ -673,18 +679,20 @@ def _in_two_phases(programs: dict[int, list[Program]], topo, n: dict[int, int], 
                      contended_channels=tuple(sorted(set(red1.contended_channels) | set(red2.contended_channels))),
                      replicated_from=dict(red1.replicated_from),
                      cut={p: (n[p], len(programs[p]) - n[p]) for p in sorted(programs)},
-                     other_lengths=red1.other_lengths + red2.other_lengths)
+                     other_lengths=red1.other_lengths + red2.other_lengths, apart=red1.apart + red2.apart)
     return out, red
 
 
 def simulate_alone(progs: Sequence[Program], launches: dict[tuple, Any], *, steady_state: bool = True,
                    why_full: str = "steady_state=False", red: Reductions | None = None,
-                   other_lengths: bool = True) -> tuple:
+                   other_lengths: bool = True, begin: int = 0, gates: Sequence[int] = ()) -> tuple:
     """A PE alone on its channels, its launches waiting for nothing but one another, simulated launch by launch:
     each as if alone from cycle 0 and moved to where the previous one ended, a launch equal to one simulated
     before (:func:`group_key` of it alone) replicated from it, and in timing mode a launch that differs from one
     simulated before only in its loops' trip counts given its records (:mod:`.lengths`; counted in ``red``;
-    not with ``other_lengths`` False: ``reductions=False``).
+    not with ``other_lengths`` False: ``reductions=False``). ``begin``, ``gates``: a PE going on from launches
+    simulated in another loop (:mod:`.cut`): its first launch starts no earlier than ``begin``, and launch i no
+    earlier than ``gates[i]`` (-1: no gate), as :func:`kbwork.device.loop.new_pe` has them.
     ``launches``: key -> ``(program, records, channels)``, and ``("lengths", key)`` -> the steady launches of a
     length key (:class:`.lengths.Source`), filled here. Exact: a launch of such a PE starts on an idle PE whose
     channels no one else moves bytes on, so what it does does not depend on when it starts.
@@ -696,8 +704,10 @@ def simulate_alone(progs: Sequence[Program], launches: dict[tuple, Any], *, stea
     from .lengths import from_other_length, length_key, steady_source
     from .steady import simulate_pe
 
-    parts, shifts, t = [], [], 0
-    for prog in progs:
+    parts, shifts, t = [], [], begin
+    for i, prog in enumerate(progs):
+        if gates and gates[i] > t:
+            t = gates[i]
         b = prog.trace.binding
         # a launch whose trace no other launch is bound to can equal no other: no key to make
         key, chans = group_key([0], {0: [prog]}, {}, None) if b is None or b.traced.bound > 1 else (None, ())
@@ -722,7 +732,7 @@ def simulate_alone(progs: Sequence[Program], launches: dict[tuple, Any], *, stea
         parts.append(res)
         shifts.append(t)
         t += res[0].cycles
-    return join(parts, shifts)
+    return join(parts, shifts, gates or None)
 
 
 def _simulate(programs: dict[int, list[Program]], topo, uses: dict[int, Uses], memories: dict[int, list[Any]] | None,
@@ -771,9 +781,10 @@ def _simulate(programs: dict[int, list[Program]], topo, uses: dict[int, Uses], m
             "cmd_offsets": [offsets[pe] for pe in group]}
         if len(group) == 1 and not mine:  # alone on its channels: every transfer's duration is known when it starts
             pe = group[0]
-            if memories is None and begins is None and len(programs[pe]) > 1 and not any(deps[0]):
+            if memories is None and (begins is not None or len(programs[pe]) > 1) and not any(deps[0]):
+                go_on_alone = {} if begins is None else {"begin": begins[pe], "gates": gates[pe]}
                 out[pe] = simulate_alone(programs[pe], launches, steady_state=steady_state, why_full=why_full,
-                                         red=red, other_lengths=reduce)
+                                         red=red, other_lengths=reduce, **go_on_alone)
             else:
                 one = {} if begins is None else {"begin": begins[pe], "outer_after": gates[pe],
                                                  "cmd_offset": offsets[pe]}
@@ -781,10 +792,21 @@ def _simulate(programs: dict[int, list[Program]], topo, uses: dict[int, Uses], m
                                       steady_state=steady_state, why_full=why_full, after=deps[0],
                                       sync=topo.sync_cycles, **one)
         else:
-            results = simulate_group([programs[pe] for pe in group],
-                                     None if memories is None else [memories[pe] for pe in group],
-                                     flow_channels(mine, topo), steady_state=steady_state, why_full=why_full,
-                                     after=deps, sync=topo.sync_cycles, **go_on)
+            results = None
+            if begins is not None and memories is None and not any(any(d) for d in deps):
+                # a second phase's group of PEs that wait for none of it: apart, if no two of its flows meet
+                results = [simulate_alone(programs[pe], launches, steady_state=steady_state, why_full=why_full,
+                                          red=red, other_lengths=reduce, begin=begins[pe], gates=gates[pe])
+                           for pe in group]
+                if flows_meet(results, sorted(mine), topo.dma_base_cycles):
+                    results = None
+                else:
+                    red.apart += 1
+            if results is None:
+                results = simulate_group([programs[pe] for pe in group],
+                                         None if memories is None else [memories[pe] for pe in group],
+                                         flow_channels(mine, topo), steady_state=steady_state, why_full=why_full,
+                                         after=deps, sync=topo.sync_cycles, **go_on)
             out.update(zip(group, results))
         if key is not None:
             seen[key] = (group, chans)

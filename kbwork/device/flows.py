@@ -26,6 +26,11 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
+from typing import Sequence
+
+import numpy as np
+
+from ..pe.stages import Engine
 
 
 def contended(channel_rate: Fraction | None, dma_rate: int, kmax: int) -> bool:
@@ -90,3 +95,34 @@ class FlowChannel:
         self._advance(t)
         del self.flows[(pe, seq)]
         return self._ends(t)
+
+
+def flows_meet(results: Sequence[tuple], channels: Sequence[int], dma_base: int) -> bool:
+    """Whether two transfers of ``results`` (PEs' records, ``(timeline, schedule, state)`` each, simulated
+    apart) are flows on one of ``channels`` in a common cycle. A DMA stage that moves bytes is a flow from its
+    start + ``dma_base`` (its data phase) to its end, the end not included (module docstring).
+
+    Why it decides exactness: while a channel carries one flow, that flow moves at ``min(dma rate, channel
+    rate)``, as a transfer on a channel of its own does. PEs that meet only on channels therefore run in one
+    loop as they run apart up to the first cycle two flows share; if their records apart have no such cycle,
+    neither has the loop, and the records apart are the loop's."""
+    chans = np.asarray(sorted(channels), dtype=np.int64)
+    if not len(chans):
+        return False
+    joins, ends, where = [], [], []
+    for tl, sched, _ in results:
+        t = sched.table
+        engine, nbytes, chan = (np.asarray(c, dtype=np.int64) for c in (t.engine, t.nbytes, t.chan))
+        sel = np.flatnonzero((engine == int(Engine.PE_DMA)) & (nbytes > 0) & np.isin(chan, chans))
+        joins.append(np.asarray(tl.start, dtype=np.int64)[sel] + dma_base)
+        ends.append(np.asarray(tl.end, dtype=np.int64)[sel])
+        where.append(chan[sel])
+    join, end, chan = np.concatenate(joins), np.concatenate(ends), np.concatenate(where)
+    order = np.lexsort((join, chan))  # by channel, then by the cycle the flow joins
+    join, end, chan = join[order], end[order], chan[order]
+    cut = np.flatnonzero(np.diff(chan)) + 1
+    for lo, hi in zip(np.concatenate(([0], cut)), np.concatenate((cut, [len(chan)]))):
+        # on one channel, a flow meets an earlier one when it joins before the latest end so far
+        if hi - lo > 1 and np.any(join[lo + 1:hi] < np.maximum.accumulate(end[lo:hi - 1])):
+            return True
+    return False

@@ -189,8 +189,10 @@ class JoinedTimeline:
     built on first use: part k's cycles moved by ``shifts[k]``; every part after the first began where the one
     before it ended."""
 
-    def __init__(self, parts: Sequence[Any], sched: JoinedSchedule, shifts: Sequence[int]):
+    def __init__(self, parts: Sequence[Any], sched: JoinedSchedule, shifts: Sequence[int],
+                 gates: Sequence[int] | None = None):
         self._t, self._sched, self._dt = list(parts), sched, list(shifts)
+        self._gates = list(gates) if gates is not None and any(g >= 0 for g in gates) else None
         self.engines = self._t[0].engines
         self._ends = [t.cycles + d for t, d in zip(self._t, self._dt)]
         self.cycles = max(self._ends)
@@ -250,7 +252,14 @@ class JoinedTimeline:
             c = sched._nc[k]
             if c < len(d_launch):
                 d_launch[c] = self._ends[k - 1]
-        return whole._replace(d_wait=moved("d_wait"), d_launch=d_launch, d_after=moved("d_after"))
+        d_after = moved("d_after")
+        if self._gates is not None:  # a part that waited for launches simulated elsewhere: their end + sync
+            if d_after is None:
+                d_after = np.full(len(d_launch), -1, np.int64)
+            for k, g in enumerate(self._gates):
+                if g >= 0 and sched._nc[k] < len(d_after):
+                    d_after[sched._nc[k]] = g
+        return whole._replace(d_wait=moved("d_wait"), d_launch=d_launch, d_after=d_after)
 
     @cached_property
     def ready(self) -> np.ndarray:
@@ -275,9 +284,11 @@ def joined_state(states: Sequence[SteadyState]) -> SteadyState:
     return SteadyState("full", reason=reason, loops=loops)
 
 
-def join(parts: Sequence[tuple], shifts: Sequence[int] | None = None) -> tuple:
+def join(parts: Sequence[tuple], shifts: Sequence[int] | None = None, gates: Sequence[int] | None = None) -> tuple:
     """``(timeline, schedule, steady state)`` of a PE from its parts' (each such a triple, in order), part k's
-    cycles moved by ``shifts[k]`` (default: none; each part began where the previous one ended)."""
+    cycles moved by ``shifts[k]`` (default: none; each part began where the previous one ended). ``gates[k]``
+    (-1: none): the cycle part k's first DISPATCH waited for, its dependencies' latest end + ``sync_cycles``
+    (DESIGN.md §16), when they ran in another loop: its ``d_after``, as the loop records it."""
     sched = JoinedSchedule([p[1] for p in parts])
-    tl = JoinedTimeline([p[0] for p in parts], sched, shifts or [0] * len(parts))
+    tl = JoinedTimeline([p[0] for p in parts], sched, shifts or [0] * len(parts), gates)
     return tl, sched, joined_state([p[2] for p in parts])
