@@ -317,12 +317,21 @@ class Traced:
         return fixed, moving
 
     @functools.cached_property
+    def _handles(self) -> tuple[Any, ...]:
+        """Every handle of the trace once (its commands share them), in the order :func:`handles_of` first
+        meets them: what :attr:`constants`, :attr:`fixed_texts` and :attr:`taken_stems` read, walked once."""
+        seen: dict[int, Any] = {}
+        for h in handles_of(self.trace):
+            seen.setdefault(id(h), h)
+        return tuple(seen.values())
+
+    @functools.cached_property
     def constants(self) -> tuple[Handle, ...]:
         """The HBM tensors the trace uses that no tensor argument made (a kernel's own, from its closure): the
         same in every binding."""
         leaf = {id(h) for h in self.leaves}
         out: dict[int, Handle] = {}
-        for h in handles_of(self.trace):
+        for h in self._handles:
             if h.space is not Space.HBM:
                 continue
             base = h
@@ -343,10 +352,7 @@ class Traced:
         """Every name and label the trace holds that no binding changes: its own buffers' names, the labels
         its kernel wrote (what a replica's names must not be mistaken for)."""
         leaf = {id(x) for x in self.leaves}
-        handles: dict[int, Handle] = {}  # each handle once (commands share them)
-        for h in handles_of(self.trace):
-            handles.setdefault(id(h), h)
-        texts = {h.name for h in handles.values() if not self._made_from(h, leaf)}
+        texts = {h.name for h in self._handles if not self._made_from(h, leaf)}
         texts |= {c.label for c in commands_of(self.trace) if c.__class__ is not DmaCmd or c.auto_label is None}
         return tuple(texts)
 
@@ -376,7 +382,7 @@ class Traced:
         """The stems of the names a buffer takes after the command it serves in each iteration of a loop
         (``softmax_merges`` of ``softmax_merges9.P``, ``softmax_merges13.P``, ...): a tensor argument whose name
         starts with one could be taken for such a buffer's name in some iteration."""
-        return tuple(sorted({h.prefix.stem for h in handles_of(self.trace)
+        return tuple(sorted({h.prefix.stem for h in self._handles
                              if h.__class__ is LoopHandle and isinstance(h.prefix, CommandName)}))
 
     def _made_from(self, h: Handle, leaf: set[int]) -> bool:
