@@ -779,12 +779,24 @@ def _simulate(programs: dict[int, list[Program]], topo, uses: dict[int, Uses], m
         go_on = {} if begins is None else {
             "begins": [begins[pe] for pe in group], "outer_after": [gates[pe] for pe in group],
             "cmd_offsets": [offsets[pe] for pe in group]}
-        if len(group) == 1 and not mine:  # alone on its channels: every transfer's duration is known when it starts
+        results = None
+        if begins is not None and memories is None and not any(any(d) for d in deps):
+            # a second phase's PEs that wait for none of it: launch by launch from where each first phase ended,
+            # kept unless two of their flows meet on a contended channel (on channels of its own none can)
+            results = [simulate_alone(programs[pe], launches, steady_state=steady_state, why_full=why_full,
+                                      red=red, other_lengths=reduce, begin=begins[pe], gates=gates[pe])
+                       for pe in group]
+            if flows_meet(results, sorted(mine), topo.dma_base_cycles):
+                results = None
+            else:
+                red.apart += bool(mine)
+        if results is not None:
+            out.update(zip(group, results))
+        elif len(group) == 1 and not mine:  # alone on its channels: every transfer's duration is known when it starts
             pe = group[0]
-            if memories is None and (begins is not None or len(programs[pe]) > 1) and not any(deps[0]):
-                go_on_alone = {} if begins is None else {"begin": begins[pe], "gates": gates[pe]}
+            if memories is None and begins is None and len(programs[pe]) > 1 and not any(deps[0]):
                 out[pe] = simulate_alone(programs[pe], launches, steady_state=steady_state, why_full=why_full,
-                                         red=red, other_lengths=reduce, **go_on_alone)
+                                         red=red, other_lengths=reduce)
             else:
                 one = {} if begins is None else {"begin": begins[pe], "outer_after": gates[pe],
                                                  "cmd_offset": offsets[pe]}
@@ -792,22 +804,10 @@ def _simulate(programs: dict[int, list[Program]], topo, uses: dict[int, Uses], m
                                       steady_state=steady_state, why_full=why_full, after=deps[0],
                                       sync=topo.sync_cycles, **one)
         else:
-            results = None
-            if begins is not None and memories is None and not any(any(d) for d in deps):
-                # a second phase's group of PEs that wait for none of it: apart, if no two of its flows meet
-                results = [simulate_alone(programs[pe], launches, steady_state=steady_state, why_full=why_full,
-                                          red=red, other_lengths=reduce, begin=begins[pe], gates=gates[pe])
-                           for pe in group]
-                if flows_meet(results, sorted(mine), topo.dma_base_cycles):
-                    results = None
-                else:
-                    red.apart += 1
-            if results is None:
-                results = simulate_group([programs[pe] for pe in group],
-                                         None if memories is None else [memories[pe] for pe in group],
-                                         flow_channels(mine, topo), steady_state=steady_state, why_full=why_full,
-                                         after=deps, sync=topo.sync_cycles, **go_on)
-            out.update(zip(group, results))
+            out.update(zip(group, simulate_group([programs[pe] for pe in group],
+                                                 None if memories is None else [memories[pe] for pe in group],
+                                                 flow_channels(mine, topo), steady_state=steady_state,
+                                                 why_full=why_full, after=deps, sync=topo.sync_cycles, **go_on)))
         if key is not None:
             seen[key] = (group, chans)
     return out, red
